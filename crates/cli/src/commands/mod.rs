@@ -1,0 +1,3 @@
+//! The subcommands of `onebit`, one module each.
+
+pub mod inspect;

@@ -1,0 +1,262 @@
+//! A GGUF v3 writer: metadata and tensors, with the data section aligned the way llama.cpp
+//! and gguf-py lay it out (tensor data in insertion order, each padded to the alignment).
+
+use std::borrow::Cow;
+use std::io::{self, Write};
+use std::path::Path;
+
+use crate::error::{GgufError, Result};
+use crate::metadata::{Value, ValueType};
+use crate::reader::{DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS};
+use crate::types::GgmlType;
+
+/// A metadata value owned by the writer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum OwnedValue {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    F32(f32),
+    Bool(bool),
+    /// Bytes, normally UTF-8.
+    String(Vec<u8>),
+    /// Elements must all have the given type.
+    Array(ValueType, Vec<OwnedValue>),
+    U64(u64),
+    I64(i64),
+    F64(f64),
+}
+
+impl OwnedValue {
+    pub fn string(s: impl Into<String>) -> OwnedValue {
+        OwnedValue::String(s.into().into_bytes())
+    }
+
+    pub fn strings<S: AsRef<str>>(items: impl IntoIterator<Item = S>) -> OwnedValue {
+        let v = items
+            .into_iter()
+            .map(|s| OwnedValue::String(s.as_ref().as_bytes().to_vec()))
+            .collect();
+        OwnedValue::Array(ValueType::String, v)
+    }
+
+    pub fn value_type(&self) -> ValueType {
+        match self {
+            OwnedValue::U8(_) => ValueType::U8,
+            OwnedValue::I8(_) => ValueType::I8,
+            OwnedValue::U16(_) => ValueType::U16,
+            OwnedValue::I16(_) => ValueType::I16,
+            OwnedValue::U32(_) => ValueType::U32,
+            OwnedValue::I32(_) => ValueType::I32,
+            OwnedValue::F32(_) => ValueType::F32,
+            OwnedValue::Bool(_) => ValueType::Bool,
+            OwnedValue::String(_) => ValueType::String,
+            OwnedValue::Array(..) => ValueType::Array,
+            OwnedValue::U64(_) => ValueType::U64,
+            OwnedValue::I64(_) => ValueType::I64,
+            OwnedValue::F64(_) => ValueType::F64,
+        }
+    }
+
+    fn encode(&self, out: &mut Vec<u8>) -> Result<()> {
+        match self {
+            OwnedValue::U8(v) => out.push(*v),
+            OwnedValue::I8(v) => out.push(*v as u8),
+            OwnedValue::U16(v) => out.extend_from_slice(&v.to_le_bytes()),
+            OwnedValue::I16(v) => out.extend_from_slice(&v.to_le_bytes()),
+            OwnedValue::U32(v) => out.extend_from_slice(&v.to_le_bytes()),
+            OwnedValue::I32(v) => out.extend_from_slice(&v.to_le_bytes()),
+            OwnedValue::F32(v) => out.extend_from_slice(&v.to_le_bytes()),
+            OwnedValue::Bool(v) => out.push(*v as u8),
+            OwnedValue::U64(v) => out.extend_from_slice(&v.to_le_bytes()),
+            OwnedValue::I64(v) => out.extend_from_slice(&v.to_le_bytes()),
+            OwnedValue::F64(v) => out.extend_from_slice(&v.to_le_bytes()),
+            OwnedValue::String(s) => encode_str(s, out),
+            OwnedValue::Array(elem, items) => {
+                out.extend_from_slice(&elem.id().to_le_bytes());
+                out.extend_from_slice(&(items.len() as u64).to_le_bytes());
+                for item in items {
+                    if item.value_type() != *elem {
+                        return Err(GgufError::Write {
+                            reason: format!("array of {elem} holds a {}", item.value_type()),
+                        });
+                    }
+                    item.encode(out)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl From<Value<'_>> for OwnedValue {
+    fn from(v: Value<'_>) -> OwnedValue {
+        match v {
+            Value::U8(x) => OwnedValue::U8(x),
+            Value::I8(x) => OwnedValue::I8(x),
+            Value::U16(x) => OwnedValue::U16(x),
+            Value::I16(x) => OwnedValue::I16(x),
+            Value::U32(x) => OwnedValue::U32(x),
+            Value::I32(x) => OwnedValue::I32(x),
+            Value::F32(x) => OwnedValue::F32(x),
+            Value::Bool(x) => OwnedValue::Bool(x),
+            Value::U64(x) => OwnedValue::U64(x),
+            Value::I64(x) => OwnedValue::I64(x),
+            Value::F64(x) => OwnedValue::F64(x),
+            Value::String(b) => OwnedValue::String(b.to_vec()),
+            Value::Array(a) => {
+                OwnedValue::Array(a.elem_type(), a.iter().map(OwnedValue::from).collect())
+            }
+        }
+    }
+}
+
+fn encode_str(s: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    out.extend_from_slice(s);
+}
+
+struct PendingTensor<'a> {
+    name: String,
+    ty: GgmlType,
+    shape: Vec<u64>,
+    data: Cow<'a, [u8]>,
+}
+
+/// Collects metadata and tensors, then writes a GGUF v3 file.
+#[derive(Default)]
+pub struct GgufWriter<'a> {
+    kvs: Vec<(String, OwnedValue)>,
+    tensors: Vec<PendingTensor<'a>>,
+}
+
+impl<'a> GgufWriter<'a> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Add or replace a metadata key (insertion order is kept; a replaced key keeps its place).
+    pub fn set(&mut self, key: impl Into<String>, value: OwnedValue) -> &mut Self {
+        let key = key.into();
+        match self.kvs.iter_mut().find(|(k, _)| *k == key) {
+            Some(slot) => slot.1 = value,
+            None => self.kvs.push((key, value)),
+        }
+        self
+    }
+
+    /// Add a tensor. `shape` is ggml order (`ne[0]` first); the byte size must match it.
+    pub fn add_tensor(
+        &mut self,
+        name: impl Into<String>,
+        ty: GgmlType,
+        shape: &[u64],
+        data: impl Into<Cow<'a, [u8]>>,
+    ) -> Result<&mut Self> {
+        let name = name.into();
+        let data = data.into();
+        let fail = |reason: String| {
+            Err(GgufError::Write {
+                reason: format!("tensor '{name}': {reason}"),
+            })
+        };
+        if shape.len() > MAX_DIMS {
+            return fail(format!("{} dimensions, at most {MAX_DIMS}", shape.len()));
+        }
+        if self.tensors.iter().any(|t| t.name == name) {
+            return fail("added twice".into());
+        }
+        let n = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+        let want = n.and_then(|n| {
+            ty.bytes_for(n)
+                .filter(|_| shape.first().is_none_or(|d| d % ty.block_size() == 0))
+        });
+        if want != Some(data.len() as u64) {
+            return fail(format!(
+                "{} bytes do not match shape {shape:?} of type {ty}",
+                data.len()
+            ));
+        }
+        self.tensors.push(PendingTensor {
+            name,
+            ty,
+            shape: shape.to_vec(),
+            data,
+        });
+        Ok(self)
+    }
+
+    fn alignment(&self) -> Result<u64> {
+        match self.kvs.iter().find(|(k, _)| k == "general.alignment") {
+            None => Ok(DEFAULT_ALIGNMENT),
+            Some((_, OwnedValue::U32(a))) if a.is_power_of_two() => Ok(*a as u64),
+            Some((_, v)) => Err(GgufError::Write {
+                reason: format!("general.alignment must be a power-of-two u32, not {v:?}"),
+            }),
+        }
+    }
+
+    /// Everything before the tensor data: header, metadata, tensor infos, padding.
+    fn header(&self, alignment: u64) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&3u32.to_le_bytes());
+        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(self.kvs.len() as u64).to_le_bytes());
+        for (key, value) in &self.kvs {
+            encode_str(key.as_bytes(), &mut out);
+            out.extend_from_slice(&value.value_type().id().to_le_bytes());
+            value.encode(&mut out)?;
+        }
+        let mut offset = 0u64;
+        for t in &self.tensors {
+            encode_str(t.name.as_bytes(), &mut out);
+            out.extend_from_slice(&(t.shape.len() as u32).to_le_bytes());
+            for d in &t.shape {
+                out.extend_from_slice(&d.to_le_bytes());
+            }
+            out.extend_from_slice(&t.ty.id().to_le_bytes());
+            out.extend_from_slice(&offset.to_le_bytes());
+            offset += (t.data.len() as u64).next_multiple_of(alignment);
+        }
+        if !self.tensors.is_empty() {
+            out.resize((out.len() as u64).next_multiple_of(alignment) as usize, 0);
+        }
+        Ok(out)
+    }
+
+    /// Write the file to `w`.
+    pub fn write_to(&self, mut w: impl Write) -> Result<()> {
+        let alignment = self.alignment()?;
+        let io = |e: io::Error| GgufError::Write {
+            reason: e.to_string(),
+        };
+        w.write_all(&self.header(alignment)?).map_err(io)?;
+        let zeros = vec![0u8; alignment as usize];
+        for t in &self.tensors {
+            w.write_all(&t.data).map_err(io)?;
+            let pad = (t.data.len() as u64).next_multiple_of(alignment) - t.data.len() as u64;
+            w.write_all(&zeros[..pad as usize]).map_err(io)?;
+        }
+        w.flush().map_err(io)
+    }
+
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.write_to(&mut out)?;
+        Ok(out)
+    }
+
+    /// Write the file to `path` (through a buffer; the file is replaced).
+    pub fn write_file(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let f = std::fs::File::create(path).map_err(|source| GgufError::Io {
+            path: path.into(),
+            source,
+        })?;
+        self.write_to(io::BufWriter::with_capacity(1 << 20, f))
+    }
+}

@@ -1,0 +1,494 @@
+//! Reference quantization into the K-quant formats and Q8_K.
+//!
+//! These search for sub-block scales the way ggml's `quantize_row_q*_K_ref` do (no importance
+//! matrix), in the same float order, so files written by onebit and by llama-quantize match
+//! byte for byte.
+
+use super::kquants::{
+    BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K, scale_min_k4,
+};
+use super::{half, nearest_int, to_half};
+
+const GROUP_MAX_EPS: f32 = 1e-15;
+
+/// Fit `x ≈ scale * L + min` with L in 0..=nmax, trying `nstep + 1` scales around the range,
+/// minimising the weighted (absolute or squared) error. Returns (scale, -min).
+#[allow(clippy::too_many_arguments)]
+fn make_qkx2_quants(
+    nmax: i32,
+    x: &[f32],
+    weights: &[f32],
+    l_out: &mut [u8],
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+    use_mad: bool,
+) -> (f32, f32) {
+    let n = x.len();
+    let mut min = x[0];
+    let mut max = x[0];
+    let mut sum_w = weights[0];
+    let mut sum_x = sum_w * x[0];
+    for i in 1..n {
+        if x[i] < min {
+            min = x[i];
+        }
+        if x[i] > max {
+            max = x[i];
+        }
+        let w = weights[i];
+        sum_w += w;
+        sum_x += w * x[i];
+    }
+    if min > 0.0 {
+        min = 0.0;
+    }
+    if max == min {
+        l_out.iter_mut().for_each(|l| *l = 0);
+        return (0.0, -min);
+    }
+    let err = |diff: f32| if use_mad { diff.abs() } else { diff * diff };
+    let mut iscale = nmax as f32 / (max - min);
+    let mut scale = 1.0 / iscale;
+    let mut best_error = 0.0f32;
+    for i in 0..n {
+        let l = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
+        l_out[i] = l as u8;
+        best_error += weights[i] * err(scale * l as f32 + min - x[i]);
+    }
+    if nstep < 1 {
+        return (scale, -min);
+    }
+    let mut laux = [0u8; 32];
+    for is in 0..=nstep {
+        iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
+        let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
+        for i in 0..n {
+            let l = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
+            laux[i] = l as u8;
+            let w = weights[i];
+            let lf = l as f32;
+            sum_l += w * lf;
+            sum_l2 += w * lf * lf;
+            sum_xl += w * lf * x[i];
+        }
+        let det = sum_w * sum_l2 - sum_l * sum_l;
+        if det > 0.0 {
+            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+            if this_min > 0.0 {
+                this_min = 0.0;
+                this_scale = sum_xl / sum_l2;
+            }
+            let mut cur_error = 0.0f32;
+            for i in 0..n {
+                cur_error += weights[i] * err(this_scale * laux[i] as f32 + this_min - x[i]);
+            }
+            if cur_error < best_error {
+                l_out[..n].copy_from_slice(&laux[..n]);
+                best_error = cur_error;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    (scale, -min)
+}
+
+/// Symmetric fit for Q3_K sub-blocks, refined by coordinate descent; L is stored plus `nmax`.
+fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
+    let (mut max, mut amax) = (0.0f32, 0.0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax < GROUP_MAX_EPS {
+        l_out.iter_mut().for_each(|l| *l = 0);
+        return 0.0;
+    }
+    let iscale = -(nmax as f32) / max;
+    let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
+    for (l_i, &xi) in l_out.iter_mut().zip(x) {
+        let l = nearest_int(iscale * xi).clamp(-nmax, nmax - 1);
+        *l_i = l as i8;
+        let w = xi * xi;
+        sumlx += w * xi * l as f32;
+        suml2 += w * l as f32 * l as f32;
+    }
+    for _ in 0..5 {
+        let mut n_changed = 0;
+        for i in 0..x.len() {
+            let w = x[i] * x[i];
+            let li = l_out[i] as f32;
+            let mut slx = sumlx - w * x[i] * li;
+            if slx > 0.0 {
+                let mut sl2 = suml2 - w * li * li;
+                let new_l = nearest_int(x[i] * sl2 / slx).clamp(-nmax, nmax - 1);
+                if new_l != l_out[i] as i32 {
+                    slx += w * x[i] * new_l as f32;
+                    sl2 += w * new_l as f32 * new_l as f32;
+                    if sl2 > 0.0 && slx * slx * suml2 > sumlx * sumlx * sl2 {
+                        l_out[i] = new_l as i8;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        n_changed += 1;
+                    }
+                }
+            }
+        }
+        if n_changed == 0 {
+            break;
+        }
+    }
+    l_out.iter_mut().for_each(|l| *l += nmax as i8);
+    if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
+}
+
+/// Symmetric fit weighted by x² (ggml's rmse_type 1), trying 18 scales around -nmax / max.
+fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
+    let (mut max, mut amax) = (0.0f32, 0.0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax < GROUP_MAX_EPS {
+        l_out.iter_mut().for_each(|l| *l = 0);
+        return 0.0;
+    }
+    let fit = |iscale: f32| {
+        let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
+        for &xi in x {
+            let l = nearest_int(iscale * xi).clamp(-nmax, nmax - 1) as f32;
+            let w = xi * xi;
+            sumlx += w * xi * l;
+            suml2 += w * l * l;
+        }
+        (sumlx, suml2)
+    };
+    let store = |iscale: f32, l_out: &mut [i8]| {
+        for (l, &xi) in l_out.iter_mut().zip(x) {
+            *l = (nmax + nearest_int(iscale * xi).clamp(-nmax, nmax - 1)) as i8;
+        }
+    };
+    let iscale = -(nmax as f32) / max;
+    store(iscale, l_out);
+    let (sumlx, suml2) = fit(iscale);
+    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
+    let mut best = scale * sumlx;
+    for is in -9..=9 {
+        if is == 0 {
+            continue;
+        }
+        let iscale = -(nmax as f32 + 0.1 * is as f32) / max;
+        let (sumlx, suml2) = fit(iscale);
+        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
+            store(iscale, l_out);
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    scale
+}
+
+/// Pack 2-bit values: byte l of each 32-byte group holds weights l, l+32, l+64, l+96.
+fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8; QK_K / 4]) {
+    for (j, group) in qs.chunks_exact_mut(32).enumerate() {
+        let base = 128 * j;
+        for (i, q) in group.iter_mut().enumerate() {
+            let at = base + i;
+            *q = l[at] | (l[at + 32] << 2) | (l[at + 64] << 4) | (l[at + 96] << 6);
+        }
+    }
+}
+
+pub fn quantize_q2_k(x: &[f32], y: &mut [BlockQ2K]) {
+    const Q4SCALE: f32 = 15.0;
+    for (b, xs) in y.iter_mut().zip(x.chunks_exact(QK_K)) {
+        let mut l = [0u8; QK_K];
+        let mut scales = [0f32; QK_K / 16];
+        let mut mins = [0f32; QK_K / 16];
+        let (mut max_scale, mut max_min) = (0.0f32, 0.0f32);
+        for j in 0..QK_K / 16 {
+            let sub = &xs[16 * j..16 * j + 16];
+            let weights: [f32; 16] = std::array::from_fn(|i| sub[i].abs());
+            (scales[j], mins[j]) = make_qkx2_quants(
+                3,
+                sub,
+                &weights,
+                &mut l[16 * j..16 * j + 16],
+                -0.5,
+                0.1,
+                15,
+                true,
+            );
+            max_scale = max_scale.max(scales[j]);
+            max_min = max_min.max(mins[j]);
+        }
+        if max_scale > 0.0 {
+            let iscale = Q4SCALE / max_scale;
+            for j in 0..QK_K / 16 {
+                b.scales[j] = nearest_int(iscale * scales[j]) as u8;
+            }
+            b.d = to_half(max_scale / Q4SCALE);
+        } else {
+            b.scales = [0; QK_K / 16];
+            b.d = to_half(0.0);
+        }
+        if max_min > 0.0 {
+            let iscale = Q4SCALE / max_min;
+            for j in 0..QK_K / 16 {
+                b.scales[j] |= (nearest_int(iscale * mins[j]) << 4) as u8;
+            }
+            b.dmin = to_half(max_min / Q4SCALE);
+        } else {
+            b.dmin = to_half(0.0);
+        }
+        for j in 0..QK_K / 16 {
+            let d = half(b.d) * (b.scales[j] & 0x0f) as f32;
+            if d == 0.0 {
+                continue;
+            }
+            let dm = half(b.dmin) * (b.scales[j] >> 4) as f32;
+            for ii in 0..16 {
+                l[16 * j + ii] = nearest_int((xs[16 * j + ii] + dm) / d).clamp(0, 3) as u8;
+            }
+        }
+        pack_2bit(&l, &mut b.qs);
+    }
+}
+
+pub fn quantize_q3_k(x: &[f32], y: &mut [BlockQ3K]) {
+    for (b, xs) in y.iter_mut().zip(x.chunks_exact(QK_K)) {
+        let mut l = [0i8; QK_K];
+        let mut scales = [0f32; QK_K / 16];
+        let (mut max_scale, mut amax) = (0.0f32, 0.0f32);
+        for j in 0..QK_K / 16 {
+            scales[j] = make_q3_quants(4, &xs[16 * j..16 * j + 16], &mut l[16 * j..16 * j + 16]);
+            if scales[j].abs() > amax {
+                amax = scales[j].abs();
+                max_scale = scales[j];
+            }
+        }
+        b.scales = [0; 12];
+        if max_scale != 0.0 {
+            let iscale = -32.0 / max_scale;
+            for (j, &s) in scales.iter().enumerate() {
+                let lv = (nearest_int(iscale * s) as i8).clamp(-32, 31) as i32 + 32;
+                if j < 8 {
+                    b.scales[j] = (lv & 0x0f) as u8;
+                } else {
+                    b.scales[j - 8] |= ((lv & 0x0f) << 4) as u8;
+                }
+                b.scales[j % 4 + 8] |= ((lv >> 4) << (2 * (j / 4))) as u8;
+            }
+            b.d = to_half(1.0 / iscale);
+        } else {
+            b.d = to_half(0.0);
+        }
+        let sc = super::kquants::q3k_scales(&b.scales);
+        for j in 0..QK_K / 16 {
+            let d = half(b.d) * sc[j] as f32;
+            if d == 0.0 {
+                continue;
+            }
+            for ii in 0..16 {
+                l[16 * j + ii] = (nearest_int(xs[16 * j + ii] / d).clamp(-4, 3) + 4) as i8;
+            }
+        }
+        b.hmask = [0; QK_K / 8];
+        let mut lu = [0u8; QK_K];
+        for (j, (&v, out)) in l.iter().zip(lu.iter_mut()).enumerate() {
+            let mut v = v as u8;
+            if v > 3 {
+                b.hmask[j % (QK_K / 8)] |= 1 << (j / (QK_K / 8));
+                v -= 4;
+            }
+            *out = v;
+        }
+        pack_2bit(&lu, &mut b.qs);
+    }
+}
+
+/// Shared by Q4_K and Q5_K: sub-block fits, then 6-bit scales and mins. Returns the quants.
+fn quantize_k4_scales(
+    xs: &[f32],
+    nmax: i32,
+    rmin: f32,
+    nstep: i32,
+    d: &mut [u8; 2],
+    dmin: &mut [u8; 2],
+    packed: &mut [u8; 12],
+) -> [u8; QK_K] {
+    let mut l = [0u8; QK_K];
+    let mut scales = [0f32; QK_K / 32];
+    let mut mins = [0f32; QK_K / 32];
+    let (mut max_scale, mut max_min) = (0.0f32, 0.0f32);
+    for j in 0..QK_K / 32 {
+        let sub = &xs[32 * j..32 * j + 32];
+        let sum_x2 = sub.iter().fold(0.0f32, |s, v| s + v * v);
+        let av_x = (sum_x2 / 32.0).sqrt();
+        let weights: [f32; 32] = std::array::from_fn(|i| av_x + sub[i].abs());
+        (scales[j], mins[j]) = make_qkx2_quants(
+            nmax,
+            sub,
+            &weights,
+            &mut l[32 * j..32 * j + 32],
+            rmin,
+            0.1,
+            nstep,
+            false,
+        );
+        max_scale = max_scale.max(scales[j]);
+        max_min = max_min.max(mins[j]);
+    }
+    let inv_scale = if max_scale > 0.0 {
+        63.0 / max_scale
+    } else {
+        0.0
+    };
+    let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
+    for j in 0..QK_K / 32 {
+        let ls = (nearest_int(inv_scale * scales[j]) as u8).min(63);
+        let lm = (nearest_int(inv_min * mins[j]) as u8).min(63);
+        if j < 4 {
+            packed[j] = ls;
+            packed[j + 4] = lm;
+        } else {
+            packed[j + 4] = (ls & 0x0f) | ((lm & 0x0f) << 4);
+            packed[j - 4] |= (ls >> 4) << 6;
+            packed[j] |= (lm >> 4) << 6;
+        }
+    }
+    *d = to_half(max_scale / 63.0);
+    *dmin = to_half(max_min / 63.0);
+    for j in 0..QK_K / 32 {
+        let (sc, m) = scale_min_k4(j, packed);
+        let dj = half(*d) * sc as f32;
+        if dj == 0.0 {
+            continue;
+        }
+        let dm = half(*dmin) * m as f32;
+        for ii in 0..32 {
+            l[32 * j + ii] = nearest_int((xs[32 * j + ii] + dm) / dj).clamp(0, nmax) as u8;
+        }
+    }
+    l
+}
+
+pub fn quantize_q4_k(x: &[f32], y: &mut [BlockQ4K]) {
+    for (b, xs) in y.iter_mut().zip(x.chunks_exact(QK_K)) {
+        b.scales = [0; 12];
+        let l = quantize_k4_scales(xs, 15, -1.0, 20, &mut b.d, &mut b.dmin, &mut b.scales);
+        for (j, q) in b.qs.chunks_exact_mut(32).enumerate() {
+            for (i, qb) in q.iter_mut().enumerate() {
+                *qb = l[64 * j + i] | (l[64 * j + i + 32] << 4);
+            }
+        }
+    }
+}
+
+pub fn quantize_q5_k(x: &[f32], y: &mut [BlockQ5K]) {
+    for (b, xs) in y.iter_mut().zip(x.chunks_exact(QK_K)) {
+        b.scales = [0; 12];
+        let l = quantize_k4_scales(xs, 31, -0.5, 15, &mut b.d, &mut b.dmin, &mut b.scales);
+        b.qh = [0; QK_K / 8];
+        let (mut m1, mut m2) = (1u8, 2u8);
+        for (n, ql) in b.qs.chunks_exact_mut(32).enumerate() {
+            for (j, q) in ql.iter_mut().enumerate() {
+                let (mut l1, mut l2) = (l[64 * n + j], l[64 * n + j + 32]);
+                if l1 > 15 {
+                    l1 -= 16;
+                    b.qh[j] |= m1;
+                }
+                if l2 > 15 {
+                    l2 -= 16;
+                    b.qh[j] |= m2;
+                }
+                *q = l1 | (l2 << 4);
+            }
+            m1 <<= 2;
+            m2 <<= 2;
+        }
+    }
+}
+
+pub fn quantize_q6_k(x: &[f32], y: &mut [BlockQ6K]) {
+    for (b, xs) in y.iter_mut().zip(x.chunks_exact(QK_K)) {
+        let mut l = [0i8; QK_K];
+        let mut scales = [0f32; QK_K / 16];
+        let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
+        for ib in 0..QK_K / 16 {
+            scales[ib] = make_qx_quants(
+                32,
+                &xs[16 * ib..16 * ib + 16],
+                &mut l[16 * ib..16 * ib + 16],
+            );
+            if scales[ib].abs() > max_abs_scale {
+                max_abs_scale = scales[ib].abs();
+                max_scale = scales[ib];
+            }
+        }
+        if max_abs_scale < GROUP_MAX_EPS {
+            *b = bytemuck::Zeroable::zeroed();
+            continue;
+        }
+        let iscale = -128.0 / max_scale;
+        b.d = to_half(1.0 / iscale);
+        for (s, &sc) in b.scales.iter_mut().zip(&scales) {
+            *s = nearest_int(iscale * sc).min(127) as i8;
+        }
+        for j in 0..QK_K / 16 {
+            let d = half(b.d) * b.scales[j] as f32;
+            if d == 0.0 {
+                continue;
+            }
+            for ii in 0..16 {
+                l[16 * j + ii] = (nearest_int(xs[16 * j + ii] / d).clamp(-32, 31) + 32) as i8;
+            }
+        }
+        for n in 0..2 {
+            let (ql, qh) = (
+                &mut b.ql[64 * n..64 * n + 64],
+                &mut b.qh[32 * n..32 * n + 32],
+            );
+            let lv = |i: usize| l[128 * n + i] as u8;
+            for i in 0..32 {
+                ql[i] = (lv(i) & 0x0f) | ((lv(i + 64) & 0x0f) << 4);
+                ql[i + 32] = (lv(i + 32) & 0x0f) | ((lv(i + 96) & 0x0f) << 4);
+                qh[i] = (lv(i) >> 4)
+                    | ((lv(i + 32) >> 4) << 2)
+                    | ((lv(i + 64) >> 4) << 4)
+                    | ((lv(i + 96) >> 4) << 6);
+            }
+        }
+    }
+}
+
+/// Q8_K: scale = -max / 127 from the signed absolute maximum, round half to even, block sums.
+pub fn quantize_q8_k(x: &[f32], y: &mut [BlockQ8K]) {
+    for (b, xs) in y.iter_mut().zip(x.chunks_exact(QK_K)) {
+        let (mut max, mut amax) = (0.0f32, 0.0f32);
+        for &v in xs {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if amax == 0.0 {
+            *b = bytemuck::Zeroable::zeroed();
+            continue;
+        }
+        let iscale = -127.0 / max;
+        for (q, &v) in b.qs.iter_mut().zip(xs) {
+            *q = nearest_int(iscale * v).min(127) as i8;
+        }
+        for (s, group) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
+            *s = group.iter().map(|&q| q as i16).sum();
+        }
+        b.d = 1.0 / iscale;
+    }
+}

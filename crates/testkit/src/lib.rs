@@ -1,0 +1,97 @@
+//! Test helpers shared by every crate's tests: where `../shared` is, reading its fixtures, and
+//! where the demo model is cached.
+//!
+//! Policy: a test that needs `../shared` skips with a message when it is absent, except in CI
+//! (`CI` set), where its absence is a failure.
+
+use std::path::{Path, PathBuf};
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("workspace root")
+}
+
+fn in_ci() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
+
+/// `../shared` beside the workspace, or `None` (after saying so) when it is absent outside CI.
+pub fn shared() -> Option<PathBuf> {
+    let dir = workspace_root().join("../shared");
+    if dir.is_dir() {
+        return Some(dir.canonicalize().unwrap_or(dir));
+    }
+    assert!(
+        !in_ci(),
+        "../shared is missing: CI must run with the shared reference folder beside the checkout"
+    );
+    eprintln!(
+        "skipping: ../shared (the reference models and fixtures) is not beside the workspace"
+    );
+    None
+}
+
+/// A file under `../shared`, e.g. `shared_file("models/qwen3-q1_0.gguf")`.
+pub fn shared_file(rel: &str) -> Option<PathBuf> {
+    shared().map(|d| d.join(rel))
+}
+
+/// Parse a JSON fixture under `../shared/fixtures`.
+pub fn fixture(name: &str) -> Option<serde_json::Value> {
+    let path = shared()?.join("fixtures").join(name);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    Some(serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display())))
+}
+
+/// The GGUF models in `../shared/models` (and `models/vocab` when `with_vocab`), sorted.
+pub fn shared_models(with_vocab: bool) -> Vec<PathBuf> {
+    let Some(dir) = shared() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.join("models")];
+    if with_vocab {
+        dirs.push(dir.join("models/vocab"));
+    }
+    for d in dirs {
+        for e in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display())) {
+            let p = e.expect("dir entry").path();
+            if p.extension().is_some_and(|x| x == "gguf") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The file name of the real demo model.
+pub const DEMO_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// onebit's cache folder, as the CLI computes it: `$XDG_CACHE_HOME/onebit` or `~/.cache/onebit`.
+pub fn cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("onebit"))
+}
+
+/// The demo model in onebit's cache, or `None` (after saying how to fetch it) when absent
+/// outside CI. In CI its absence is a failure: `.ci/run` fetches it first.
+pub fn demo_model() -> Option<PathBuf> {
+    let path = cache_dir().map(|d| d.join("models").join(DEMO_MODEL));
+    if let Some(p) = path.as_ref().filter(|p| p.is_file()) {
+        return Some(p.clone());
+    }
+    assert!(
+        !in_ci(),
+        "{DEMO_MODEL} is not in onebit's cache: `make fetch-model` puts it there"
+    );
+    eprintln!("skipping: {DEMO_MODEL} is not in onebit's cache (run `make fetch-model`)");
+    None
+}
