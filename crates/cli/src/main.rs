@@ -24,9 +24,17 @@ struct Cli {
 enum Command {
     /// Describe a GGUF file: architecture, hyperparameters, tokenizer, tensors and sizes.
     Inspect(commands::inspect::Args),
+    /// Print the top logits after some tokens (as one batch, or one token at a time).
+    Logits(commands::logits::Args),
 }
 
 fn main() -> ExitCode {
+    // Like other Unix tools, stop quietly when the reader of our output goes away (`| head`).
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of one signal before any threads start.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     // A bug must not look like a crash report either: one line, then a distinct status.
     std::panic::set_hook(Box::new(|info| {
         let msg = info
@@ -44,6 +52,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(args) => commands::inspect::run(args),
+        Command::Logits(args) => commands::logits::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

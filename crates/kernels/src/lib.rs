@@ -2,16 +2,32 @@
 //!
 //! - [`formats`]: byte layouts, scalar dequantization and reference quantization for every
 //!   supported ggml type. These are the references everything faster is tested against.
+//! - [`Kernels`]: one tier's matrix products and vector operations, chosen once at load
+//!   ([`KernelTier`]); the portable reference tier lives in [`scalar`].
+//! - [`Pool`]: the threads that run them.
 
 // Kernels index several arrays with one counter, mirroring the reference they are checked
 // against; iterator chains would hide that correspondence.
 #![allow(clippy::needless_range_loop)]
 
+pub mod act;
+mod amx_perm;
+mod dispatch;
 pub mod formats;
+pub mod matmul;
+pub mod pool;
+pub mod scalar;
+pub mod tier;
+
+pub use act::{ActFormat, Acts};
+pub use dispatch::Kernels;
+pub use matmul::MatRef;
+pub use pool::{PerThread, Pool};
+pub use tier::KernelTier;
 
 use onebit_gguf::GgmlType;
 
-/// Errors from kernel entry points: a type they cannot handle, or buffers of the wrong size.
+/// Errors from kernel entry points: a type or tier they cannot handle, or buffers of the wrong size.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
     #[error("{what} is not implemented for tensor type {ty}")]
@@ -21,5 +37,16 @@ pub enum KernelError {
         ty: GgmlType,
         elements: usize,
         bytes: usize,
+    },
+    #[error("weights {weights} with {cols} columns do not match activations {acts}")]
+    Mismatch {
+        weights: GgmlType,
+        cols: usize,
+        acts: String,
+    },
+    #[error("kernel tier '{tier}' is not available on this machine (available: {})", available.iter().map(|t| t.name()).collect::<Vec<_>>().join(", "))]
+    TierUnavailable {
+        tier: KernelTier,
+        available: Vec<KernelTier>,
     },
 }

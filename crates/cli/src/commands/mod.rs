@@ -1,3 +1,5 @@
 //! The subcommands of `onebit`, one module each.
 
 pub mod inspect;
+pub mod logits;
+pub mod model_args;

@@ -9,11 +9,11 @@
 //! as a slice of blocks wherever they sit in the file.
 
 mod float;
-mod kquants;
+pub mod kquants;
 mod kquants_quantize;
 mod legacy;
 mod one_bit;
-mod ternary;
+pub mod ternary;
 
 use onebit_gguf::GgmlType;
 

@@ -1,0 +1,135 @@
+//! Matrix products `out[t][r] = Σ_k W[r][k] · X[t][k]` over quantized weights, split across
+//! the pool by output rows.
+//!
+//! A tier provides, per weight type, either a plain dot product (the driver loops it over rows
+//! and tokens) or a tiled kernel that computes a block of rows for all tokens at once and can
+//! reuse unpacked weights across tokens. Weights are read where they lie (in the memory map).
+
+use std::ops::Range;
+
+use onebit_gguf::{GgmlType, Tensor};
+
+use crate::KernelError;
+use crate::act::Acts;
+use crate::scalar::dot::DotFn;
+
+/// A weight matrix: `rows` rows of `cols` weights, each row whole blocks of `ty`.
+#[derive(Clone, Copy, Debug)]
+pub struct MatRef<'a> {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: &'a [u8],
+}
+
+impl<'a> MatRef<'a> {
+    pub fn new(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        data: &'a [u8],
+    ) -> Result<MatRef<'a>, KernelError> {
+        let want = ty
+            .bytes_for(cols as u64)
+            .and_then(|b| b.checked_mul(rows as u64));
+        if want != Some(data.len() as u64) {
+            return Err(KernelError::Size {
+                ty,
+                elements: rows * cols,
+                bytes: data.len(),
+            });
+        }
+        Ok(MatRef {
+            ty,
+            rows,
+            cols,
+            data,
+        })
+    }
+
+    /// A 2-D GGUF tensor: `ne[0]` is the row length.
+    pub fn from_tensor(t: &Tensor<'a>) -> Result<MatRef<'a>, KernelError> {
+        let (rows, cols) = t.rows_cols();
+        MatRef::new(t.ggml_type(), rows as usize, cols as usize, t.data())
+    }
+
+    pub fn row_bytes(&self) -> usize {
+        self.data.len() / self.rows.max(1)
+    }
+
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        let rb = self.row_bytes();
+        &self.data[r * rb..(r + 1) * rb]
+    }
+
+    /// Rows `range` as a matrix of their own.
+    pub fn slice_rows(&self, range: Range<usize>) -> MatRef<'a> {
+        let rb = self.row_bytes();
+        MatRef {
+            ty: self.ty,
+            rows: range.len(),
+            cols: self.cols,
+            data: &self.data[range.start * rb..range.end * rb],
+        }
+    }
+}
+
+/// Where a kernel writes: `out[t * stride + r]`, shared by threads that own disjoint rows.
+#[derive(Clone, Copy)]
+pub struct OutPtr {
+    ptr: *mut f32,
+    len: usize,
+    pub stride: usize,
+}
+
+// SAFETY: threads write disjoint rows of the output (the driver hands out row ranges once).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    pub fn new(out: &mut [f32], stride: usize) -> OutPtr {
+        OutPtr {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+            stride,
+        }
+    }
+
+    /// Store one result.
+    ///
+    /// # Safety
+    /// No other thread may write element (t, r) at the same time.
+    #[inline(always)]
+    pub unsafe fn write(&self, t: usize, r: usize, v: f32) {
+        let i = t * self.stride + r;
+        debug_assert!(i < self.len);
+        unsafe { *self.ptr.add(i) = v };
+    }
+}
+
+/// A kernel that fills rows `rows` of the output for every token in `acts`.
+pub type TiledFn = fn(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr);
+
+/// How a tier computes products for one weight type.
+#[derive(Clone, Copy)]
+pub enum RowKernel {
+    Dot(DotFn),
+    Tiled(TiledFn),
+}
+
+impl RowKernel {
+    pub(crate) fn run(self, w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
+        match self {
+            RowKernel::Dot(dot) => {
+                for r in rows {
+                    let wr = w.row(r);
+                    for t in 0..acts.rows() {
+                        // SAFETY: this call owns rows `rows` of the output.
+                        unsafe { out.write(t, r, dot(wr, acts.row(t), w.cols)) };
+                    }
+                }
+            }
+            RowKernel::Tiled(f) => f(w, rows, acts, out),
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! Hyperparameters of a Llama-family model, read from GGUF metadata only.
+//!
+//! The architectures differ in data, not code: which RoPE layout they use, whether q/k/v carry
+//! biases, whether q and k are RMS-normed per head. Those are flags here; the forward pass
+//! reads them.
+
+use onebit_gguf::Metadata;
+
+use crate::error::ModelError;
+
+/// The architectures onebit runs (`general.architecture`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Llama,
+    Mistral,
+    Qwen2,
+    Qwen3,
+}
+
+impl Arch {
+    pub const SUPPORTED: &'static str = "llama, mistral, qwen2, qwen3";
+
+    pub fn parse(name: &str) -> Result<Arch, ModelError> {
+        Ok(match name {
+            "llama" => Arch::Llama,
+            "mistral" => Arch::Mistral,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            other => return Err(ModelError::UnknownArchitecture(other.to_string())),
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Mistral => "mistral",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+
+    /// llama.cpp rotates interleaved pairs for llama, and halves (NeoX) for the Qwen family.
+    pub fn rope_style(self) -> RopeStyle {
+        match self {
+            Arch::Llama | Arch::Mistral => RopeStyle::Normal,
+            Arch::Qwen2 | Arch::Qwen3 => RopeStyle::Neox,
+        }
+    }
+
+    /// Whether q, k and v projections have biases: required (Qwen2), optional (Llama), or never.
+    pub fn qkv_bias(self) -> Need {
+        match self {
+            Arch::Qwen2 => Need::Required,
+            Arch::Llama | Arch::Mistral => Need::Optional,
+            Arch::Qwen3 => Need::Absent,
+        }
+    }
+
+    /// Whether q and k are RMS-normed per head before RoPE (Qwen3).
+    pub fn qk_norm(self) -> Need {
+        match self {
+            Arch::Qwen3 => Need::Required,
+            _ => Need::Absent,
+        }
+    }
+}
+
+/// Whether a tensor must, may, or must not be present.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Need {
+    Required,
+    Optional,
+    Absent,
+}
+
+/// Which elements RoPE rotates together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Pairs (2i, 2i+1): GPT-J / original Llama layout.
+    Normal,
+    /// Pairs (i, i + d/2): GPT-NeoX layout.
+    Neox,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeConfig {
+    pub style: RopeStyle,
+    /// Dimensions of each head that are rotated (the rest pass through).
+    pub dims: usize,
+    pub freq_base: f32,
+    /// Position scale: 1 / the linear scaling factor.
+    pub freq_scale: f32,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub arch: Arch,
+    pub n_layers: usize,
+    pub hidden: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    /// Per-head width of q and k (`attention.key_length`).
+    pub head_dim: usize,
+    /// Per-head width of v (`attention.value_length`).
+    pub value_dim: usize,
+    pub ffn: usize,
+    pub rms_eps: f32,
+    /// The context length the model was trained for.
+    pub context_length: usize,
+    pub rope: RopeConfig,
+    /// Rows of the embedding table (filled in from the tensor).
+    pub vocab_size: usize,
+}
+
+fn positive(key: &str, v: u32) -> Result<usize, ModelError> {
+    if v == 0 {
+        return Err(ModelError::BadHyperparameter {
+            key: key.to_string(),
+            reason: "must be positive".into(),
+        });
+    }
+    Ok(v as usize)
+}
+
+impl Config {
+    /// Read the hyperparameters of the model described by `md`.
+    pub fn from_metadata(md: &Metadata) -> Result<Config, ModelError> {
+        let arch = Arch::parse(md.get_str("general.architecture")?)?;
+        let p = arch.name();
+        let key = |k: &str| format!("{p}.{k}");
+        let req =
+            |k: &str| -> Result<usize, ModelError> { positive(&key(k), md.get_u32(&key(k))?) };
+        let opt = |k: &str| -> Result<Option<usize>, ModelError> {
+            md.opt_u32(&key(k))?
+                .map(|v| positive(&key(k), v))
+                .transpose()
+        };
+
+        let hidden = req("embedding_length")?;
+        let n_heads = req("attention.head_count")?;
+        let n_kv_heads = opt("attention.head_count_kv")?.unwrap_or(n_heads);
+        let head_dim = opt("attention.key_length")?.unwrap_or(hidden / n_heads);
+        let value_dim = opt("attention.value_length")?.unwrap_or(hidden / n_heads);
+        let rope = RopeConfig {
+            style: arch.rope_style(),
+            dims: opt("rope.dimension_count")?.unwrap_or(head_dim),
+            freq_base: md.opt_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0),
+            freq_scale: rope_freq_scale(md, p)?,
+        };
+        let config = Config {
+            arch,
+            n_layers: req("block_count")?,
+            hidden,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            value_dim,
+            ffn: req("feed_forward_length")?,
+            rms_eps: md.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
+            context_length: req("context_length")?,
+            rope,
+            vocab_size: 0,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ModelError> {
+        let p = self.arch.name();
+        let bad = |k: &str, reason: String| {
+            Err(ModelError::BadHyperparameter {
+                key: format!("{p}.{k}"),
+                reason,
+            })
+        };
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
+            return bad(
+                "attention.head_count_kv",
+                format!(
+                    "{} query heads are not a multiple of {} kv heads",
+                    self.n_heads, self.n_kv_heads
+                ),
+            );
+        }
+        if self.rope.dims > self.head_dim || !self.rope.dims.is_multiple_of(2) {
+            return bad(
+                "rope.dimension_count",
+                format!(
+                    "{} must be even and at most the head size {}",
+                    self.rope.dims, self.head_dim
+                ),
+            );
+        }
+        if !(self.rms_eps > 0.0 && self.rms_eps < 1.0) {
+            return bad(
+                "attention.layer_norm_rms_epsilon",
+                format!("{} is not a small positive number", self.rms_eps),
+            );
+        }
+        if !(self.rope.freq_base > 0.0 && self.rope.freq_base.is_finite()) {
+            return bad(
+                "rope.freq_base",
+                format!("{} is not a positive number", self.rope.freq_base),
+            );
+        }
+        if self.head_dim > 1024 || self.value_dim > 1024 || !self.head_dim.is_multiple_of(2) {
+            return bad(
+                "attention.key_length",
+                format!("head size {} must be even and at most 1024", self.head_dim),
+            );
+        }
+        // Sizes that would overflow the buffers the forward pass allocates.
+        let width = self.n_heads.max(self.n_kv_heads) * self.head_dim.max(self.value_dim);
+        if self.hidden > 1 << 20 || self.ffn > 1 << 22 || width > 1 << 20 || self.n_layers > 4096 {
+            return bad("embedding_length", "absurd model dimensions".into());
+        }
+        Ok(())
+    }
+
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    pub fn v_dim(&self) -> usize {
+        self.n_kv_heads * self.value_dim
+    }
+
+    /// Query heads per kv head.
+    pub fn group(&self) -> usize {
+        self.n_heads / self.n_kv_heads
+    }
+}
+
+/// 1 / factor for linear RoPE scaling; refuses scaling types onebit does not implement.
+fn rope_freq_scale(md: &Metadata, p: &str) -> Result<f32, ModelError> {
+    let kind = md
+        .opt_str(&format!("{p}.rope.scaling.type"))?
+        .unwrap_or("none");
+    // Older converters wrote the linear factor as `rope.scale_linear`.
+    let factor = match md.opt_f32(&format!("{p}.rope.scale_linear"))? {
+        Some(f) => Some(f),
+        None => md.opt_f32(&format!("{p}.rope.scaling.factor"))?,
+    };
+    let kind = if kind == "none" && md.contains(&format!("{p}.rope.scale_linear")) {
+        "linear"
+    } else {
+        kind
+    };
+    match kind {
+        "none" => Ok(1.0),
+        "linear" => match factor {
+            Some(f) if f > 0.0 && f.is_finite() => Ok(1.0 / f),
+            Some(f) => Err(ModelError::BadHyperparameter {
+                key: format!("{p}.rope.scaling.factor"),
+                reason: format!("{f} is not a positive number"),
+            }),
+            None => Ok(1.0),
+        },
+        other => Err(ModelError::Unsupported(format!(
+            "RoPE scaling type '{other}' (onebit implements none and linear)"
+        ))),
+    }
+}

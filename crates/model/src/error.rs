@@ -1,0 +1,54 @@
+//! Errors a user can act on: what is wrong with the model file or the request.
+
+use onebit_gguf::{GgmlType, GgufError};
+use onebit_kernels::KernelError;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+
+    #[error("unknown architecture '{0}': onebit runs {supported}", supported = crate::config::Arch::SUPPORTED)]
+    UnknownArchitecture(String),
+
+    #[error("bad hyperparameter {key}: {reason}")]
+    BadHyperparameter { key: String, reason: String },
+
+    #[error("unsupported model feature: {0}")]
+    Unsupported(String),
+
+    #[error("tensor '{0}' is required but missing from the file")]
+    MissingTensor(String),
+
+    #[error("tensor '{name}' has shape {found:?}, expected {expected:?}")]
+    TensorShape {
+        name: String,
+        found: Vec<u64>,
+        expected: Vec<u64>,
+    },
+
+    #[error("tensor '{name}' has type {ty}, which onebit cannot {what}")]
+    TensorType {
+        name: String,
+        ty: GgmlType,
+        what: &'static str,
+    },
+
+    #[error("tensor '{0}' is not expected in this architecture")]
+    UnexpectedTensor(String),
+
+    #[error("token id {id} is outside the vocabulary (0..{vocab})")]
+    TokenOutOfRange { id: u32, vocab: usize },
+
+    #[error(
+        "position {pos} is past the context size {ctx}: start a new sequence or raise --ctx-size"
+    )]
+    ContextFull { pos: usize, ctx: usize },
+
+    #[error("invalid batch: {0}")]
+    BadBatch(String),
+}

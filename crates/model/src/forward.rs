@@ -1,0 +1,459 @@
+//! The batched forward pass: any number of sequences, each at its own position, each adding any
+//! number of tokens, in one pass over the weights.
+//!
+//! All tokens of the batch form one activation matrix, so every matrix product is a GEMM over
+//! the whole batch (a decode step of many sequences, or a chunk of prefill, costs one read of
+//! the weights). Attention is the only per-sequence step: each token attends over its own
+//! sequence's cache up to its own position.
+
+use onebit_kernels::formats::dequantize;
+use onebit_kernels::matmul::OutPtr;
+use onebit_kernels::{ActFormat, Acts, Kernels, MatRef, PerThread, Pool};
+
+use crate::config::Config;
+use crate::error::ModelError;
+use crate::kv_cache::{KvCache, KvRow};
+use crate::rope::RopeAngles;
+use crate::weights::{Layer, Weights};
+
+/// Which logits a sequence wants back from a pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsWanted {
+    None,
+    /// After its last token (generation).
+    Last,
+    /// After every token (scoring, speculative verification).
+    All,
+}
+
+/// One sequence's share of a batch: its cache and the tokens to append at the cache's end.
+pub struct SeqInput<'a> {
+    pub cache: &'a mut KvCache,
+    pub tokens: &'a [u32],
+    pub logits: LogitsWanted,
+}
+
+/// The logits a pass produced, in batch order.
+#[derive(Default)]
+pub struct Logits {
+    n_vocab: usize,
+    data: Vec<f32>,
+    /// (sequence index in the batch, token index within that sequence) of each row.
+    rows: Vec<(usize, usize)>,
+}
+
+impl std::fmt::Debug for Logits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Logits({} rows of {})", self.rows.len(), self.n_vocab)
+    }
+}
+
+impl Logits {
+    pub fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+
+    /// The logits after token `token` of sequence `seq`, if they were asked for.
+    pub fn get(&self, seq: usize, token: usize) -> Option<&[f32]> {
+        let i = self.rows.iter().position(|&r| r == (seq, token))?;
+        Some(&self.data[i * self.n_vocab..(i + 1) * self.n_vocab])
+    }
+
+    /// The logits after the last token of sequence `seq`.
+    pub fn last(&self, seq: usize) -> Option<&[f32]> {
+        let i = self.rows.iter().rposition(|&(s, _)| s == seq)?;
+        Some(&self.data[i * self.n_vocab..(i + 1) * self.n_vocab])
+    }
+
+    /// Every row of sequence `seq`, in token order.
+    pub fn rows_of(&self, seq: usize) -> impl Iterator<Item = (usize, &[f32])> {
+        self.rows
+            .iter()
+            .enumerate()
+            .filter(move |(_, r)| r.0 == seq)
+            .map(move |(i, r)| (r.1, &self.data[i * self.n_vocab..(i + 1) * self.n_vocab]))
+    }
+}
+
+/// Buffers reused from pass to pass (sized for the largest batch seen).
+pub struct Scratch {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    rope: Vec<RopeAngles>,
+    acts: Acts,
+    scores: PerThread<Vec<f32>>,
+    /// Per batch token: (sequence, position).
+    where_: Vec<(usize, usize)>,
+}
+
+impl Scratch {
+    pub fn new(n_threads: usize) -> Scratch {
+        Scratch {
+            x: Vec::new(),
+            xn: Vec::new(),
+            q: Vec::new(),
+            k: Vec::new(),
+            v: Vec::new(),
+            attn: Vec::new(),
+            gate: Vec::new(),
+            up: Vec::new(),
+            rope: Vec::new(),
+            acts: Acts::new(),
+            scores: PerThread::new(n_threads, Vec::new),
+            where_: Vec::new(),
+        }
+    }
+
+    fn size_for(&mut self, c: &Config, n: usize) {
+        let fit = |v: &mut Vec<f32>, len: usize| v.resize(len, 0.0);
+        fit(&mut self.x, n * c.hidden);
+        fit(&mut self.xn, n * c.hidden);
+        fit(&mut self.q, n * c.q_dim());
+        fit(&mut self.k, n * c.kv_dim());
+        fit(&mut self.v, n * c.v_dim());
+        fit(&mut self.attn, n * c.n_heads * c.value_dim);
+        fit(&mut self.gate, n * c.ffn);
+        fit(&mut self.up, n * c.ffn);
+        while self.rope.len() < n {
+            self.rope.push(RopeAngles::new(&c.rope));
+        }
+    }
+}
+
+/// What the forward pass reads: the model's pieces, borrowed.
+pub(crate) struct Net<'a> {
+    pub config: &'a Config,
+    pub weights: &'a Weights,
+    pub kernels: Kernels,
+    pub pool: &'a Pool,
+}
+
+impl Net<'_> {
+    pub fn forward(&self, batch: &mut [SeqInput], sc: &mut Scratch) -> Result<Logits, ModelError> {
+        let c = self.config;
+        let n = self.check_batch(batch)?;
+        sc.size_for(c, n);
+        sc.where_.clear();
+        for (s, item) in batch.iter().enumerate() {
+            let start = item.cache.len();
+            sc.where_
+                .extend((0..item.tokens.len()).map(|i| (s, start + i)));
+        }
+        for (t, &(_, pos)) in sc.where_.iter().enumerate() {
+            sc.rope[t].set(&c.rope, self.weights.rope_freqs.as_deref(), pos);
+        }
+        self.embed(batch, &mut sc.x)?;
+        for (l, layer) in self.weights.layers.iter().enumerate() {
+            self.attention_block(l, layer, batch, sc, n)?;
+            self.mlp_block(layer, sc, n)?;
+        }
+        for item in batch.iter_mut() {
+            item.cache.advance(item.tokens.len());
+        }
+        self.logits(batch, sc, n)
+    }
+
+    fn check_batch(&self, batch: &[SeqInput]) -> Result<usize, ModelError> {
+        let vocab = self.config.vocab_size;
+        let mut n = 0;
+        for item in batch {
+            if item.tokens.is_empty() {
+                return Err(ModelError::BadBatch(
+                    "a sequence in the batch has no tokens".into(),
+                ));
+            }
+            if let Some(&id) = item.tokens.iter().find(|&&id| id as usize >= vocab) {
+                return Err(ModelError::TokenOutOfRange { id, vocab });
+            }
+            item.cache.check_room(item.tokens.len())?;
+            n += item.tokens.len();
+        }
+        if n == 0 {
+            return Err(ModelError::BadBatch("the batch is empty".into()));
+        }
+        Ok(n)
+    }
+
+    /// Look up each token's row of the embedding table, dequantizing just that row.
+    fn embed(&self, batch: &[SeqInput], x: &mut [f32]) -> Result<(), ModelError> {
+        let (h, e) = (self.config.hidden, &self.weights.embedding);
+        let tokens = batch.iter().flat_map(|item| item.tokens.iter());
+        for (row, &id) in x.chunks_exact_mut(h).zip(tokens) {
+            dequantize(e.ty, e.row(id as usize), row)?;
+        }
+        Ok(())
+    }
+
+    fn attention_block(
+        &self,
+        l: usize,
+        layer: &Layer,
+        batch: &mut [SeqInput],
+        sc: &mut Scratch,
+        n: usize,
+    ) -> Result<(), ModelError> {
+        let c = self.config;
+        let k = self.kernels;
+        for (x, xn) in
+            sc.x.chunks_exact(c.hidden)
+                .zip(sc.xn.chunks_exact_mut(c.hidden))
+                .take(n)
+        {
+            k.rms_norm(x, &layer.attn_norm, c.rms_eps, xn);
+        }
+        let (q, kk, v) = (
+            &mut sc.q[..n * c.q_dim()],
+            &mut sc.k[..n * c.kv_dim()],
+            &mut sc.v[..n * c.v_dim()],
+        );
+        self.project(
+            &sc.xn[..n * c.hidden],
+            c.hidden,
+            &[&layer.wq, &layer.wk, &layer.wv],
+            &mut [q, kk, v],
+            &mut sc.acts,
+        )?;
+        for t in 0..n {
+            self.prepare_qkv(layer, t, sc);
+            let (s, pos) = sc.where_[t];
+            let (kt, vt) = (
+                &sc.k[t * c.kv_dim()..(t + 1) * c.kv_dim()],
+                &sc.v[t * c.v_dim()..(t + 1) * c.v_dim()],
+            );
+            batch[s].cache.write(l, pos, kt, vt);
+        }
+        self.attend(l, batch, sc, n);
+        let attn_dim = c.n_heads * c.value_dim;
+        let out = &mut sc.xn[..n * c.hidden];
+        self.project(
+            &sc.attn[..n * attn_dim],
+            attn_dim,
+            &[&layer.wo],
+            &mut [out],
+            &mut sc.acts,
+        )?;
+        add_into(&mut sc.x[..n * c.hidden], &sc.xn[..n * c.hidden]);
+        Ok(())
+    }
+
+    /// Biases, per-head q/k norms and RoPE for batch token `t`.
+    fn prepare_qkv(&self, layer: &Layer, t: usize, sc: &mut Scratch) {
+        let c = self.config;
+        let q = &mut sc.q[t * c.q_dim()..(t + 1) * c.q_dim()];
+        let k = &mut sc.k[t * c.kv_dim()..(t + 1) * c.kv_dim()];
+        let v = &mut sc.v[t * c.v_dim()..(t + 1) * c.v_dim()];
+        for (x, b) in [
+            (&mut *q, &layer.bq),
+            (&mut *k, &layer.bk),
+            (&mut *v, &layer.bv),
+        ] {
+            if let Some(b) = b {
+                add_into(x, b);
+            }
+        }
+        let mut tmp = [0f32; 1024];
+        for (x, norm) in [(&mut *q, &layer.q_norm), (&mut *k, &layer.k_norm)] {
+            for head in x.chunks_exact_mut(c.head_dim) {
+                if let Some(w) = norm {
+                    let tmp = &mut tmp[..c.head_dim];
+                    self.kernels.rms_norm(head, w, c.rms_eps, tmp);
+                    head.copy_from_slice(tmp);
+                }
+                sc.rope[t].apply(&c.rope, head);
+            }
+        }
+    }
+
+    /// Causal attention of every (token, head) over its sequence's cache.
+    fn attend(&self, l: usize, batch: &[SeqInput], sc: &mut Scratch, n: usize) {
+        let c = self.config;
+        let kernels = self.kernels;
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let caches: Vec<&KvCache> = batch.iter().map(|item| &*item.cache).collect();
+        let longest = sc.where_[..n]
+            .iter()
+            .map(|&(_, p)| p + 1)
+            .max()
+            .unwrap_or(0);
+        for s in sc.scores.iter_mut() {
+            s.resize(longest, 0.0);
+        }
+        let (q, where_, scores) = (&sc.q, &sc.where_, &sc.scores);
+        let out = OutPtr::new(&mut sc.attn, 1);
+        let width = c.n_heads * c.value_dim;
+        self.pool.for_chunks(n * c.n_heads, 1, &|tid, units| {
+            // SAFETY: `tid` is this thread's own index in the running job.
+            let scores = unsafe { scores.get(tid) };
+            for unit in units {
+                let (t, h) = (unit / c.n_heads, unit % c.n_heads);
+                let (s, pos) = where_[t];
+                let g = h / c.group();
+                let seen = pos + 1;
+                let sc = &mut scores[..seen];
+                // Like llama.cpp, products with an f16 cache are taken at f16 precision: q is
+                // rounded before q·k, and the softmax weights before they scale v.
+                let mut qh = [0f32; 1024];
+                let qh = &mut qh[..c.head_dim];
+                qh.copy_from_slice(&q[t * c.q_dim() + h * c.head_dim..][..c.head_dim]);
+                match caches[s].keys(l, g, seen) {
+                    KvRow::F16(keys) => {
+                        round_to_f16(qh);
+                        for (j, o) in sc.iter_mut().enumerate() {
+                            *o = kernels.dot_f16(qh, &keys[j * c.head_dim..(j + 1) * c.head_dim])
+                                * scale;
+                        }
+                    }
+                    KvRow::F32(keys) => {
+                        for (j, o) in sc.iter_mut().enumerate() {
+                            *o = kernels.dot_f32(qh, &keys[j * c.head_dim..(j + 1) * c.head_dim])
+                                * scale;
+                        }
+                    }
+                }
+                kernels.softmax(sc);
+                let mut acc = [0f32; 1024];
+                let acc = &mut acc[..c.value_dim];
+                match caches[s].values(l, g, seen) {
+                    KvRow::F16(vals) => {
+                        round_to_f16(sc);
+                        for (j, &p) in sc.iter().enumerate() {
+                            kernels.axpy_f16(p, &vals[j * c.value_dim..(j + 1) * c.value_dim], acc);
+                        }
+                    }
+                    KvRow::F32(vals) => {
+                        for (j, &p) in sc.iter().enumerate() {
+                            kernels.axpy_f32(p, &vals[j * c.value_dim..(j + 1) * c.value_dim], acc);
+                        }
+                    }
+                }
+                for (i, &a) in acc.iter().enumerate() {
+                    // SAFETY: unit (t, h) owns this slice of the output.
+                    unsafe { out.write(0, t * width + h * c.value_dim + i, a) };
+                }
+            }
+        });
+    }
+
+    fn mlp_block(&self, layer: &Layer, sc: &mut Scratch, n: usize) -> Result<(), ModelError> {
+        let c = self.config;
+        for (x, xn) in
+            sc.x.chunks_exact(c.hidden)
+                .zip(sc.xn.chunks_exact_mut(c.hidden))
+                .take(n)
+        {
+            self.kernels.rms_norm(x, &layer.ffn_norm, c.rms_eps, xn);
+        }
+        let (gate, up) = (&mut sc.gate[..n * c.ffn], &mut sc.up[..n * c.ffn]);
+        self.project(
+            &sc.xn[..n * c.hidden],
+            c.hidden,
+            &[&layer.w_gate, &layer.w_up],
+            &mut [gate, up],
+            &mut sc.acts,
+        )?;
+        self.kernels
+            .silu_mul(&mut sc.gate[..n * c.ffn], &sc.up[..n * c.ffn]);
+        self.project(
+            &sc.gate[..n * c.ffn],
+            c.ffn,
+            &[&layer.w_down],
+            &mut [&mut sc.xn[..n * c.hidden]],
+            &mut sc.acts,
+        )?;
+        add_into(&mut sc.x[..n * c.hidden], &sc.xn[..n * c.hidden]);
+        Ok(())
+    }
+
+    /// `outs[i] = input · mats[i]ᵀ`, quantizing the input once per activation format and
+    /// running the products that share a format in one parallel region.
+    fn project(
+        &self,
+        input: &[f32],
+        cols: usize,
+        mats: &[&MatRef],
+        outs: &mut [&mut [f32]],
+        acts: &mut Acts,
+    ) -> Result<(), ModelError> {
+        let mut done = vec![false; mats.len()];
+        for i in 0..mats.len() {
+            if done[i] {
+                continue;
+            }
+            let format = ActFormat::for_weights(mats[i].ty)?;
+            self.kernels
+                .quantize_acts(self.pool, mats[i].ty, input, cols, acts)?;
+            let group: Vec<usize> = (i..mats.len())
+                .filter(|&j| !done[j] && ActFormat::for_weights(mats[j].ty).ok() == Some(format))
+                .collect();
+            let ws: Vec<&MatRef> = group.iter().map(|&j| mats[j]).collect();
+            let mut os: Vec<&mut [f32]> = Vec::with_capacity(group.len());
+            for (j, out) in outs.iter_mut().enumerate() {
+                if group.contains(&j) {
+                    os.push(out);
+                }
+            }
+            self.kernels.matmul_many(self.pool, &ws, acts, &mut os)?;
+            group.iter().for_each(|&j| done[j] = true);
+        }
+        Ok(())
+    }
+
+    fn logits(&self, batch: &[SeqInput], sc: &mut Scratch, n: usize) -> Result<Logits, ModelError> {
+        let c = self.config;
+        let mut rows = Vec::new();
+        let mut t = 0;
+        for (s, item) in batch.iter().enumerate() {
+            let len = item.tokens.len();
+            match item.logits {
+                LogitsWanted::None => {}
+                LogitsWanted::Last => rows.push((s, len - 1, t + len - 1)),
+                LogitsWanted::All => rows.extend((0..len).map(|i| (s, i, t + i))),
+            }
+            t += len;
+        }
+        debug_assert_eq!(t, n);
+        let out_w = self.weights.output();
+        let mut logits = Logits {
+            n_vocab: out_w.rows,
+            data: vec![0.0; rows.len() * out_w.rows],
+            rows: Vec::new(),
+        };
+        if rows.is_empty() {
+            return Ok(logits);
+        }
+        // Final norm of just the rows that need logits, packed together.
+        for (i, &(_, _, t)) in rows.iter().enumerate() {
+            let (x, xn) = (
+                &sc.x[t * c.hidden..(t + 1) * c.hidden],
+                &mut sc.xn[i * c.hidden..(i + 1) * c.hidden],
+            );
+            self.kernels
+                .rms_norm(x, &self.weights.output_norm, c.rms_eps, xn);
+        }
+        let m = rows.len();
+        self.project(
+            &sc.xn[..m * c.hidden],
+            c.hidden,
+            &[out_w],
+            &mut [&mut logits.data],
+            &mut sc.acts,
+        )?;
+        logits.rows = rows.iter().map(|&(s, i, _)| (s, i)).collect();
+        Ok(logits)
+    }
+}
+
+fn round_to_f16(x: &mut [f32]) {
+    x.iter_mut()
+        .for_each(|v| *v = half::f16::from_f32(*v).to_f32());
+}
+
+fn add_into(x: &mut [f32], y: &[f32]) {
+    x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+}

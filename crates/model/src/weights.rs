@@ -1,0 +1,234 @@
+//! The table of tensors a Llama-family model needs, and the weights it points at.
+//!
+//! Matrices stay in their GGUF format inside the memory map: a [`MatRef`] is a view of the
+//! file's bytes, including the embedding table, whose rows are dequantized one token at a time.
+//! Only vectors (norm weights, biases, RoPE frequency factors) are converted to f32 at load.
+
+use std::collections::HashSet;
+
+use onebit_gguf::{GgmlType, GgufModel, Tensor};
+use onebit_kernels::formats::{can_dequantize, dequantize};
+use onebit_kernels::{Kernels, MatRef};
+
+use crate::config::{Config, Need};
+use crate::error::ModelError;
+
+/// One transformer block.
+pub(crate) struct Layer {
+    pub attn_norm: Vec<f32>,
+    pub wq: MatRef<'static>,
+    pub wk: MatRef<'static>,
+    pub wv: MatRef<'static>,
+    pub wo: MatRef<'static>,
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    pub ffn_norm: Vec<f32>,
+    pub w_gate: MatRef<'static>,
+    pub w_up: MatRef<'static>,
+    pub w_down: MatRef<'static>,
+}
+
+pub(crate) struct Weights {
+    pub embedding: MatRef<'static>,
+    /// `None` when the output projection is tied to the embedding.
+    pub output: Option<MatRef<'static>>,
+    pub output_norm: Vec<f32>,
+    pub rope_freqs: Option<Vec<f32>>,
+    pub layers: Vec<Layer>,
+}
+
+/// Looks tensors up by name, checks their shapes, and records which ones were used.
+struct Table<'a> {
+    file: &'a GgufModel,
+    kernels: Kernels,
+    used: HashSet<String>,
+}
+
+impl<'a> Table<'a> {
+    fn find(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        need: Need,
+    ) -> Result<Option<Tensor<'a>>, ModelError> {
+        let t = match (self.file.tensor(name), need) {
+            (Some(_), Need::Absent) => return Err(ModelError::UnexpectedTensor(name.into())),
+            (None, Need::Required) => return Err(ModelError::MissingTensor(name.into())),
+            (None, _) => return Ok(None),
+            (Some(t), _) => t,
+        };
+        let expected: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+        if t.shape() != expected.as_slice() {
+            return Err(ModelError::TensorShape {
+                name: name.into(),
+                found: t.shape().to_vec(),
+                expected,
+            });
+        }
+        self.used.insert(name.to_string());
+        Ok(Some(t))
+    }
+
+    /// A matrix of `rows` rows of `cols` weights, in a type the kernels can multiply.
+    fn matrix(
+        &mut self,
+        name: &str,
+        cols: usize,
+        rows: usize,
+        need: Need,
+    ) -> Result<Option<MatRef<'static>>, ModelError> {
+        let Some(t) = self.find(name, &[cols, rows], need)? else {
+            return Ok(None);
+        };
+        if !self.kernels.supports(t.ggml_type()) {
+            return Err(ModelError::TensorType {
+                name: name.into(),
+                ty: t.ggml_type(),
+                what: "multiply",
+            });
+        }
+        Ok(Some(extend(MatRef::from_tensor(&t)?)))
+    }
+
+    fn required_matrix(
+        &mut self,
+        name: &str,
+        cols: usize,
+        rows: usize,
+    ) -> Result<MatRef<'static>, ModelError> {
+        Ok(self
+            .matrix(name, cols, rows, Need::Required)?
+            .expect("required"))
+    }
+
+    /// A vector, converted to f32.
+    fn vector(
+        &mut self,
+        name: &str,
+        len: usize,
+        need: Need,
+    ) -> Result<Option<Vec<f32>>, ModelError> {
+        let Some(t) = self.find(name, &[len], need)? else {
+            return Ok(None);
+        };
+        let mut out = vec![0f32; len];
+        if !matches!(
+            t.ggml_type(),
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16
+        ) {
+            return Err(ModelError::TensorType {
+                name: name.into(),
+                ty: t.ggml_type(),
+                what: "use as a vector",
+            });
+        }
+        dequantize(t.ggml_type(), t.data(), &mut out)?;
+        Ok(Some(out))
+    }
+
+    fn required_vector(&mut self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+        Ok(self.vector(name, len, Need::Required)?.expect("required"))
+    }
+}
+
+/// Erase the lifetime of a view into the model's memory map.
+///
+/// The map is owned by the same [`Model`](crate::Model) that owns these views, lives at a
+/// fixed address, and is dropped after them; views are only handed out borrowed from the model.
+fn extend(m: MatRef<'_>) -> MatRef<'static> {
+    // SAFETY: see above.
+    unsafe { std::mem::transmute::<MatRef<'_>, MatRef<'static>>(m) }
+}
+
+impl Weights {
+    /// Find, check and map every tensor of `config`'s architecture. Fills in `vocab_size`.
+    pub fn load(
+        file: &GgufModel,
+        config: &mut Config,
+        kernels: Kernels,
+    ) -> Result<Weights, ModelError> {
+        let mut tab = Table {
+            file,
+            kernels,
+            used: HashSet::new(),
+        };
+        let h = config.hidden;
+        let embd = file
+            .tensor("token_embd.weight")
+            .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
+        let vocab = embd.dim(1) as usize;
+        config.vocab_size = vocab;
+        let et = tab
+            .find("token_embd.weight", &[h, vocab], Need::Required)?
+            .expect("required");
+        if !can_dequantize(et.ggml_type()) {
+            return Err(ModelError::TensorType {
+                name: "token_embd.weight".into(),
+                ty: et.ggml_type(),
+                what: "look up rows of",
+            });
+        }
+        let embedding = extend(MatRef::from_tensor(&et)?);
+        let output = tab.matrix("output.weight", h, vocab, Need::Optional)?;
+        if output.is_none() && !kernels.supports(embedding.ty) {
+            return Err(ModelError::TensorType {
+                name: "token_embd.weight".into(),
+                ty: embedding.ty,
+                what: "multiply (as the tied output)",
+            });
+        }
+        let output_norm = tab.required_vector("output_norm.weight", h)?;
+        let rope_freqs = tab.vector("rope_freqs.weight", config.rope.dims / 2, Need::Optional)?;
+        let layers = (0..config.n_layers)
+            .map(|i| load_layer(&mut tab, config, i))
+            .collect::<Result<Vec<_>, _>>()?;
+
+        if let Some(extra) = file.tensors().find(|t| !tab.used.contains(t.name())) {
+            return Err(ModelError::UnexpectedTensor(extra.name().to_string()));
+        }
+        Ok(Weights {
+            embedding,
+            output,
+            output_norm,
+            rope_freqs,
+            layers,
+        })
+    }
+
+    /// The output projection (the embedding when tied).
+    pub fn output(&self) -> &MatRef<'static> {
+        self.output.as_ref().unwrap_or(&self.embedding)
+    }
+}
+
+fn load_layer(tab: &mut Table, c: &Config, i: usize) -> Result<Layer, ModelError> {
+    let n = |s: &str| format!("blk.{i}.{s}");
+    let (h, arch) = (c.hidden, c.arch);
+    let bias = arch.qkv_bias();
+    let layer = Layer {
+        attn_norm: tab.required_vector(&n("attn_norm.weight"), h)?,
+        wq: tab.required_matrix(&n("attn_q.weight"), h, c.q_dim())?,
+        wk: tab.required_matrix(&n("attn_k.weight"), h, c.kv_dim())?,
+        wv: tab.required_matrix(&n("attn_v.weight"), h, c.v_dim())?,
+        wo: tab.required_matrix(&n("attn_output.weight"), c.n_heads * c.value_dim, h)?,
+        bq: tab.vector(&n("attn_q.bias"), c.q_dim(), bias)?,
+        bk: tab.vector(&n("attn_k.bias"), c.kv_dim(), bias)?,
+        bv: tab.vector(&n("attn_v.bias"), c.v_dim(), bias)?,
+        q_norm: tab.vector(&n("attn_q_norm.weight"), c.head_dim, arch.qk_norm())?,
+        k_norm: tab.vector(&n("attn_k_norm.weight"), c.head_dim, arch.qk_norm())?,
+        ffn_norm: tab.required_vector(&n("ffn_norm.weight"), h)?,
+        w_gate: tab.required_matrix(&n("ffn_gate.weight"), h, c.ffn)?,
+        w_up: tab.required_matrix(&n("ffn_up.weight"), h, c.ffn)?,
+        w_down: tab.required_matrix(&n("ffn_down.weight"), c.ffn, h)?,
+    };
+    // Optional biases come in complete sets or not at all.
+    if layer.bq.is_some() != layer.bk.is_some() || layer.bk.is_some() != layer.bv.is_some() {
+        return Err(ModelError::Unsupported(format!(
+            "layer {i} has biases on only some of q, k, v"
+        )));
+    }
+    Ok(layer)
+}
