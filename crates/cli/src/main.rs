@@ -16,6 +16,9 @@ use clap::{Parser, Subcommand};
     about = "Fast CPU inference for 1-bit, ternary and quantized GGUF models"
 )]
 struct Cli {
+    /// Log more (-v: info, -vv: debug).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -26,6 +29,10 @@ enum Command {
     Inspect(commands::inspect::Args),
     /// Print the top logits after some tokens (as one batch, or one token at a time).
     Logits(commands::logits::Args),
+    /// Print the token ids of text, with the model's own tokenizer.
+    Tokenize(commands::tokenize::Args),
+    /// Render a chat request through a chat template and print the prompt.
+    Template(commands::template::Args),
 }
 
 fn main() -> ExitCode {
@@ -50,9 +57,22 @@ fn main() -> ExitCode {
         eprintln!("onebit: internal error{at}: {msg} (please report this)");
     }));
     let cli = Cli::parse();
+    let level = match cli.verbose {
+        0 => tracing::Level::WARN,
+        1 => tracing::Level::INFO,
+        _ => tracing::Level::DEBUG,
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(level)
+        .without_time()
+        .with_target(false)
+        .init();
     let result = match cli.command {
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Logits(args) => commands::logits::run(args),
+        Command::Tokenize(args) => commands::tokenize::run(args),
+        Command::Template(args) => commands::template::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -13,8 +13,16 @@ pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Token ids, comma-separated, used as given (no BOS is added).
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        required_unless_present = "prompt",
+        conflicts_with = "prompt"
+    )]
     pub tokens: Vec<u32>,
+    /// Text, tokenized as llama.cpp does (BOS as the model asks, special tokens parsed).
+    #[arg(short = 'p', long)]
+    pub prompt: Option<String>,
     /// How many of the largest logits to print per position.
     #[arg(long, default_value_t = 40)]
     pub top: usize,
@@ -29,11 +37,15 @@ pub struct Args {
     pub json: bool,
 }
 
-pub fn run(args: Args) -> Result<()> {
+pub fn run(mut args: Args) -> Result<()> {
+    let model = args.model.load()?;
+    if let Some(p) = &args.prompt {
+        let tok = onebit_tokenizer::Tokenizer::from_metadata(&model.gguf().metadata())?;
+        args.tokens = tok.encode(p, true, true)?;
+    }
     if args.tokens.is_empty() {
         bail!("no tokens given");
     }
-    let model = args.model.load()?;
     let mut cache = model.new_cache(args.model.ctx(&model));
     let mut scratch = model.new_scratch();
     let tokens = &args.tokens;

@@ -3,3 +3,5 @@
 pub mod inspect;
 pub mod logits;
 pub mod model_args;
+pub mod template;
+pub mod tokenize;
