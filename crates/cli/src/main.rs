@@ -10,11 +10,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "onebit",
-    version,
-    about = "Fast CPU inference for 1-bit, ternary and quantized GGUF models"
-)]
+#[command(name = "onebit", version, about = "Fast CPU inference for 1-bit, ternary and quantized GGUF models")]
 struct Cli {
     /// Log more (-v: info, -vv: debug).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -33,6 +29,8 @@ enum Command {
     Tokenize(commands::tokenize::Args),
     /// Render a chat request through a chat template and print the prompt.
     Template(commands::template::Args),
+    /// Measure prompt processing (pp) and generation (tg) speed, llama-bench style.
+    Bench(commands::bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -50,10 +48,7 @@ fn main() -> ExitCode {
             .map(|s| s.to_string())
             .or_else(|| info.payload().downcast_ref::<String>().cloned())
             .unwrap_or_default();
-        let at = info
-            .location()
-            .map(|l| format!(" at {}:{}", l.file(), l.line()))
-            .unwrap_or_default();
+        let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
         eprintln!("onebit: internal error{at}: {msg} (please report this)");
     }));
     let cli = Cli::parse();
@@ -73,6 +68,7 @@ fn main() -> ExitCode {
         Command::Logits(args) => commands::logits::run(args),
         Command::Tokenize(args) => commands::tokenize::run(args),
         Command::Template(args) => commands::template::run(args),
+        Command::Bench(args) => commands::bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -3,10 +3,7 @@
 use std::process::Command;
 
 fn onebit(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_onebit"))
-        .args(args)
-        .output()
-        .expect("run onebit")
+    Command::new(env!("CARGO_BIN_EXE_onebit")).args(args).output().expect("run onebit")
 }
 
 #[test]
@@ -15,11 +12,7 @@ fn json_describes_a_shared_model() {
         return;
     };
     let out = onebit(&["inspect", "--json", path.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["architecture"], "qwen3");
     assert_eq!(v["hyperparameters"]["block_count"], 4);
@@ -27,12 +20,7 @@ fn json_describes_a_shared_model() {
     assert_eq!(v["tokenizer"]["has_chat_template"], true);
     assert_eq!(v["tokenizer"]["special_tokens"]["eos"]["id"], 151645);
     assert_eq!(v["tensors"].as_array().unwrap().len(), 47);
-    let total: u64 = v["bytes_by_type"]
-        .as_object()
-        .unwrap()
-        .values()
-        .map(|t| t["bytes"].as_u64().unwrap())
-        .sum();
+    let total: u64 = v["bytes_by_type"].as_object().unwrap().values().map(|t| t["bytes"].as_u64().unwrap()).sum();
     assert_eq!(total, v["tensor_bytes"].as_u64().unwrap());
 }
 
@@ -66,10 +54,7 @@ fn assert_one_line_error(bytes: &[u8], expect: &str) {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(err.lines().count(), 1, "not one line: {err}");
     assert!(err.starts_with("error: ") && err.contains(expect), "{err}");
-    assert!(
-        !err.contains("panicked") && !err.contains("backtrace"),
-        "{err}"
-    );
+    assert!(!err.contains("panicked") && !err.contains("backtrace"), "{err}");
     assert!(out.stdout.is_empty());
 }
 

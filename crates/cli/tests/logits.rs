@@ -9,31 +9,14 @@ fn check(model: &str, prompt: usize, decode: bool) {
     };
     let path = onebit_testkit::shared_file(&format!("models/{model}.gguf")).unwrap();
     let p = &fx["prompts"][prompt];
-    let tokens: Vec<String> = p["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.to_string())
-        .collect();
+    let tokens: Vec<String> = p["tokens"].as_array().unwrap().iter().map(|t| t.to_string()).collect();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_onebit"));
-    cmd.args([
-        "logits",
-        "-m",
-        path.to_str().unwrap(),
-        "--tokens",
-        &tokens.join(","),
-        "--all-positions",
-        "--json",
-    ]);
+    cmd.args(["logits", "-m", path.to_str().unwrap(), "--tokens", &tokens.join(","), "--all-positions", "--json"]);
     if decode {
         cmd.arg("--decode");
     }
     let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let ours: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let ours = ours["positions"].as_array().unwrap();
     let refs = p["positions"].as_array().unwrap();
@@ -41,19 +24,13 @@ fn check(model: &str, prompt: usize, decode: bool) {
     let mut errs = Vec::new();
     for (o, r) in ours.iter().zip(refs) {
         let std = r["std"].as_f64().unwrap();
-        let mine: std::collections::HashMap<u64, f64> = o["top"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| (e[0].as_u64().unwrap(), e[1].as_f64().unwrap()))
-            .collect();
+        let mine: std::collections::HashMap<u64, f64> =
+            o["top"].as_array().unwrap().iter().map(|e| (e[0].as_u64().unwrap(), e[1].as_f64().unwrap())).collect();
         // Our top 40 must contain the reference's top 10, and agree on their values.
         let mut worst = 0.0f64;
         for e in r["top"].as_array().unwrap().iter().take(10) {
             let id = e[0].as_u64().unwrap();
-            let v = mine
-                .get(&id)
-                .unwrap_or_else(|| panic!("reference top id {id} missing from our top 40"));
+            let v = mine.get(&id).unwrap_or_else(|| panic!("reference top id {id} missing from our top 40"));
             worst = worst.max((v - e[1].as_f64().unwrap()).abs() / std);
         }
         errs.push(worst);
@@ -64,10 +41,7 @@ fn check(model: &str, prompt: usize, decode: bool) {
     }
     let mean = errs.iter().sum::<f64>() / errs.len() as f64;
     let max = errs.iter().copied().fold(0.0, f64::max);
-    assert!(
-        max <= 0.5 && mean <= 0.15,
-        "{model} prompt {prompt}: mean {mean:.4} max {max:.4}"
-    );
+    assert!(max <= 0.5 && mean <= 0.15, "{model} prompt {prompt}: mean {mean:.4} max {max:.4}");
 }
 
 #[test]

@@ -16,11 +16,7 @@ fn onebit(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
     }
     drop(child.stdin.take());
     let out = child.wait_with_output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
+    (out.status.success(), String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
 }
 
 #[test]
@@ -35,32 +31,18 @@ fn tokenize_matches_the_fixture() {
     let dir = tempfile::tempdir().unwrap();
     let batch = dir.path().join("batch.json");
     std::fs::write(&batch, serde_json::to_string(&texts).unwrap()).unwrap();
-    let (ok, out, err) = onebit(
-        &["tokenize", "-m", m, "--batch", batch.to_str().unwrap()],
-        None,
-    );
+    let (ok, out, err) = onebit(&["tokenize", "-m", m, "--batch", batch.to_str().unwrap()], None);
     assert!(ok, "{err}");
     let got: Vec<Vec<u64>> = serde_json::from_str(&out).unwrap();
     for (g, c) in got.iter().zip(&cases) {
-        let want: Vec<u64> = c["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap())
-            .collect();
+        let want: Vec<u64> = c["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
         assert_eq!(g, &want, "{:?}", c["text"]);
     }
     // One text from stdin, special parsing off, JSON out.
-    let (ok, out, _) = onebit(
-        &["tokenize", "-m", m, "--no-special", "--json"],
-        Some("<|im_end|>"),
-    );
+    let (ok, out, _) = onebit(&["tokenize", "-m", m, "--no-special", "--json"], Some("<|im_end|>"));
     assert!(ok);
     let ids: Vec<u64> = serde_json::from_str(&out).unwrap();
-    assert!(
-        ids.len() > 1,
-        "special text stays text with --no-special: {ids:?}"
-    );
+    assert!(ids.len() > 1, "special text stays text with --no-special: {ids:?}");
 }
 
 #[test]
@@ -68,29 +50,10 @@ fn tokenize_accepts_vocabulary_only_files_and_adds_bos_on_request() {
     let Some(v) = onebit_testkit::shared_file("models/vocab/ggml-vocab-llama-spm.gguf") else {
         return;
     };
-    let (ok, out, _) = onebit(
-        &[
-            "tokenize",
-            "-m",
-            v.to_str().unwrap(),
-            "--json",
-            "Hello world",
-        ],
-        None,
-    );
+    let (ok, out, _) = onebit(&["tokenize", "-m", v.to_str().unwrap(), "--json", "Hello world"], None);
     assert!(ok);
     assert_eq!(out.trim(), "[15043,3186]");
-    let (ok, out, _) = onebit(
-        &[
-            "tokenize",
-            "-m",
-            v.to_str().unwrap(),
-            "--json",
-            "--add-bos",
-            "Hello world",
-        ],
-        None,
-    );
+    let (ok, out, _) = onebit(&["tokenize", "-m", v.to_str().unwrap(), "--json", "--add-bos", "Hello world"], None);
     assert!(ok);
     assert_eq!(out.trim(), "[1,15043,3186]");
 }
@@ -113,35 +76,19 @@ fn template_renders_a_request_like_the_fixture() {
     input["eos_token"] = "<|im_end|>".into();
     std::fs::write(&req, input.to_string()).unwrap();
     let model = onebit_testkit::shared_file("models/qwen3-q1_0.gguf").unwrap();
-    let (ok, out, err) = onebit(
-        &[
-            "template",
-            "-m",
-            model.to_str().unwrap(),
-            "--request",
-            req.to_str().unwrap(),
-        ],
-        None,
-    );
+    let (ok, out, err) = onebit(&["template", "-m", model.to_str().unwrap(), "--request", req.to_str().unwrap()], None);
     assert!(ok, "{err}");
     assert_eq!(out, case["rendered"].as_str().unwrap());
 
     // A template file, and a template that raises.
     let tpl = dir.path().join("t.jinja");
-    std::fs::write(&tpl, "{% if messages[0]['role'] != 'system' %}{{ raise_exception('first message must be system') }}{% endif %}ok").unwrap();
-    let (ok, _, err) = onebit(
-        &[
-            "template",
-            "--template-file",
-            tpl.to_str().unwrap(),
-            "--request",
-            req.to_str().unwrap(),
-        ],
-        None,
-    );
+    std::fs::write(
+        &tpl,
+        "{% if messages[0]['role'] != 'system' %}{{ raise_exception('first message must be system') }}{% endif %}ok",
+    )
+    .unwrap();
+    let (ok, _, err) =
+        onebit(&["template", "--template-file", tpl.to_str().unwrap(), "--request", req.to_str().unwrap()], None);
     assert!(!ok);
-    assert_eq!(
-        err.trim(),
-        "error: chat template: first message must be system"
-    );
+    assert_eq!(err.trim(), "error: chat template: first message must be system");
 }

@@ -13,16 +13,10 @@ pub type Result<T, E = GgufError> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum GgufError {
     #[error("cannot read {}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
 
     #[error("{}: {source}", path.display())]
-    InFile {
-        path: PathBuf,
-        source: Box<GgufError>,
-    },
+    InFile { path: PathBuf, source: Box<GgufError> },
 
     #[error("not a GGUF file: magic at byte 0 is {found:?}, expected \"GGUF\"")]
     BadMagic { found: String },
@@ -30,39 +24,19 @@ pub enum GgufError {
     #[error("unsupported GGUF version {version} at byte 4 (onebit reads versions 2 and 3){hint}")]
     UnsupportedVersion { version: u32, hint: &'static str },
 
-    #[error(
-        "truncated file: {field} at byte {offset} needs {needed} bytes, only {available} remain"
-    )]
-    Truncated {
-        field: String,
-        offset: u64,
-        needed: u64,
-        available: u64,
-    },
+    #[error("truncated file: {field} at byte {offset} needs {needed} bytes, only {available} remain")]
+    Truncated { field: String, offset: u64, needed: u64, available: u64 },
 
     #[error(
         "{field} at byte {offset} is {count}, more than the {remaining} bytes left in the file can hold (a truncated or corrupt file)"
     )]
-    CountTooLarge {
-        field: String,
-        offset: u64,
-        count: u64,
-        remaining: u64,
-    },
+    CountTooLarge { field: String, offset: u64, count: u64, remaining: u64 },
 
     #[error("invalid {field} at byte {offset}: {reason}")]
-    Invalid {
-        field: String,
-        offset: u64,
-        reason: String,
-    },
+    Invalid { field: String, offset: u64, reason: String },
 
     #[error("tensor '{tensor}' (info at byte {offset}) has unknown ggml type id {id}")]
-    UnknownTensorType {
-        tensor: String,
-        offset: u64,
-        id: u32,
-    },
+    UnknownTensorType { tensor: String, offset: u64, id: u32 },
 
     #[error("duplicate metadata key '{key}' at byte {offset}")]
     DuplicateKey { key: String, offset: u64 },
@@ -71,11 +45,7 @@ pub enum GgufError {
     DuplicateTensor { name: String, offset: u64 },
 
     #[error("tensor '{tensor}' (info at byte {offset}): {reason}")]
-    BadTensor {
-        tensor: String,
-        offset: u64,
-        reason: String,
-    },
+    BadTensor { tensor: String, offset: u64, reason: String },
 
     #[error(
         "tensors '{first}' and '{second}' overlap: bytes {first_start}..{first_end} and {second_start}..{second_end} of the data section"
@@ -98,21 +68,13 @@ pub enum GgufError {
     MissingKey { key: String },
 
     #[error("metadata key '{key}' has type {found}, expected {expected}")]
-    WrongType {
-        key: String,
-        expected: String,
-        found: ValueType,
-    },
+    WrongType { key: String, expected: String, found: ValueType },
 
     #[error("metadata key '{key}' (value at byte {offset}) is not valid UTF-8")]
     NotUtf8 { key: String, offset: u64 },
 
     #[error("metadata key '{key}': value {value} does not fit in {target}")]
-    OutOfRange {
-        key: String,
-        value: String,
-        target: &'static str,
-    },
+    OutOfRange { key: String, value: String, target: &'static str },
 
     #[error("split model: {reason}")]
     Split { reason: String },
@@ -126,10 +88,7 @@ impl GgufError {
     pub(crate) fn in_file(self, path: &std::path::Path) -> GgufError {
         match self {
             e @ (GgufError::Io { .. } | GgufError::InFile { .. }) => e,
-            e => GgufError::InFile {
-                path: path.to_path_buf(),
-                source: Box::new(e),
-            },
+            e => GgufError::InFile { path: path.to_path_buf(), source: Box::new(e) },
         }
     }
 }

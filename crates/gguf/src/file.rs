@@ -46,10 +46,7 @@ impl GgufFile {
     /// Map `path` read-only and validate it. Errors name the path.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
         let path = path.as_ref();
-        let io = |source| GgufError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
+        let io = |source| GgufError::Io { path: path.to_path_buf(), source };
         let file = File::open(path).map_err(io)?;
         let meta = file.metadata().map_err(io)?;
         if meta.is_dir() {
@@ -73,11 +70,7 @@ impl GgufFile {
 
     fn from_storage(storage: Storage, path: Option<PathBuf>) -> Result<GgufFile> {
         let layout = reader::parse(storage.bytes())?;
-        Ok(GgufFile {
-            storage,
-            path,
-            layout,
-        })
+        Ok(GgufFile { storage, path, layout })
     }
 
     pub fn path(&self) -> Option<&Path> {
@@ -103,11 +96,7 @@ impl GgufFile {
     }
 
     pub fn metadata(&self) -> Metadata<'_> {
-        Metadata {
-            file: self.bytes(),
-            entries: &self.layout.kvs,
-            sorted: &self.layout.kv_sorted,
-        }
+        Metadata { file: self.bytes(), entries: &self.layout.kvs, sorted: &self.layout.kv_sorted }
     }
 
     pub fn tensor_count(&self) -> usize {
@@ -123,9 +112,7 @@ impl GgufFile {
         let file = self.bytes();
         let tensors = &self.layout.tensors;
         let sorted = &self.layout.tensor_sorted;
-        let i = sorted
-            .binary_search_by(|&i| tensors[i as usize].name(file).cmp(name))
-            .ok()?;
+        let i = sorted.binary_search_by(|&i| tensors[i as usize].name(file).cmp(name)).ok()?;
         Some(self.view(&tensors[sorted[i] as usize]))
     }
 
@@ -134,10 +121,7 @@ impl GgufFile {
         Tensor {
             name: t.name(file),
             ty: t.ty,
-            shape: ShapeRef {
-                ne: t.ne,
-                n_dims: t.n_dims,
-            },
+            shape: ShapeRef { ne: t.ne, n_dims: t.n_dims },
             data: &file[t.data_off as usize..(t.data_off + t.n_bytes) as usize],
             offset: t.rel_offset,
         }
@@ -186,10 +170,7 @@ impl<'a> Tensor<'a> {
 
     /// Elements per row (`ne[0]`) and the number of rows (the product of the rest).
     pub fn rows_cols(&self) -> (u64, u64) {
-        (
-            self.n_elements() / self.shape.ne[0].max(1),
-            self.shape.ne[0],
-        )
+        (self.n_elements() / self.shape.ne[0].max(1), self.shape.ne[0])
     }
 
     pub fn data(&self) -> &'a [u8] {

@@ -143,18 +143,7 @@ impl RawValue {
             RawValue::I64(v) => Value::I64(v),
             RawValue::F64(v) => Value::F64(v),
             RawValue::Str { off, len } => Value::String(&file[off as usize..(off + len) as usize]),
-            RawValue::Array {
-                elem,
-                len,
-                off,
-                end,
-            } => Value::Array(Array {
-                elem,
-                len,
-                file,
-                off,
-                end,
-            }),
+            RawValue::Array { elem, len, off, end } => Value::Array(Array { elem, len, file, off, end }),
         }
     }
 }
@@ -259,12 +248,7 @@ impl<'a> Array<'a> {
     /// The elements in order. The region was validated at open, so decoding cannot fail.
     pub fn iter(&self) -> ArrayIter<'a> {
         let cursor = Cursor::at(&self.file[..self.end as usize], self.off);
-        ArrayIter {
-            cursor,
-            file: self.file,
-            elem: self.elem,
-            left: self.len,
-        }
+        ArrayIter { cursor, file: self.file, elem: self.elem, left: self.len }
     }
 }
 
@@ -283,10 +267,7 @@ impl<'a> Iterator for ArrayIter<'a> {
             return None;
         }
         self.left -= 1;
-        let raw = self
-            .cursor
-            .value(self.elem, &|| String::from("array element"), 0)
-            .ok()?;
+        let raw = self.cursor.value(self.elem, &|| String::from("array element"), 0).ok()?;
         Some(raw.view(self.file))
     }
 
@@ -323,9 +304,7 @@ impl<'a> Metadata<'a> {
     /// Every key and value, in file order.
     pub fn iter(&self) -> impl Iterator<Item = (&'a str, Value<'a>)> + 'a {
         let file = self.file;
-        self.entries
-            .iter()
-            .map(move |e| (e.key(file), e.value.view(file)))
+        self.entries.iter().map(move |e| (e.key(file), e.value.view(file)))
     }
 
     /// Byte offset of the value of `key`.
@@ -335,10 +314,7 @@ impl<'a> Metadata<'a> {
 
     fn find(&self, key: &str) -> Option<&'a crate::reader::KvEntry> {
         let file = self.file;
-        let i = self
-            .sorted
-            .binary_search_by(|&i| self.entries[i as usize].key(file).cmp(key))
-            .ok()?;
+        let i = self.sorted.binary_search_by(|&i| self.entries[i as usize].key(file).cmp(key)).ok()?;
         Some(&self.entries[self.sorted[i] as usize])
     }
 
@@ -351,20 +327,12 @@ impl<'a> Metadata<'a> {
     }
 
     fn require(&self, key: &str) -> Result<Value<'a>> {
-        self.get(key).ok_or_else(|| GgufError::MissingKey {
-            key: key.to_string(),
-        })
+        self.get(key).ok_or_else(|| GgufError::MissingKey { key: key.to_string() })
     }
 
     fn int<T: TryFrom<i128>>(&self, key: &str, v: Value<'a>, target: &'static str) -> Result<T> {
-        let wide = v
-            .as_i128()
-            .ok_or_else(|| wrong_type(key, target, v.value_type()))?;
-        T::try_from(wide).map_err(|_| GgufError::OutOfRange {
-            key: key.into(),
-            value: wide.to_string(),
-            target,
-        })
+        let wide = v.as_i128().ok_or_else(|| wrong_type(key, target, v.value_type()))?;
+        T::try_from(wide).map_err(|_| GgufError::OutOfRange { key: key.into(), value: wide.to_string(), target })
     }
 
     /// An integer key as u32. Any integer type is accepted if the value fits.
@@ -387,9 +355,7 @@ impl<'a> Metadata<'a> {
     /// A float key (f32, or f64 narrowed).
     pub fn get_f32(&self, key: &str) -> Result<f32> {
         let v = self.require(key)?;
-        v.as_f64()
-            .map(|x| x as f32)
-            .ok_or_else(|| wrong_type(key, "f32", v.value_type()))
+        v.as_f64().map(|x| x as f32).ok_or_else(|| wrong_type(key, "f32", v.value_type()))
     }
 
     pub fn get_bool(&self, key: &str) -> Result<bool> {
@@ -401,10 +367,8 @@ impl<'a> Metadata<'a> {
 
     pub fn get_str(&self, key: &str) -> Result<&'a str> {
         match self.require(key)? {
-            Value::String(bytes) => std::str::from_utf8(bytes).map_err(|_| GgufError::NotUtf8 {
-                key: key.into(),
-                offset: self.offset_of(key).unwrap_or(0),
-            }),
+            Value::String(bytes) => std::str::from_utf8(bytes)
+                .map_err(|_| GgufError::NotUtf8 { key: key.into(), offset: self.offset_of(key).unwrap_or(0) }),
             v => Err(wrong_type(key, "string", v.value_type())),
         }
     }
@@ -421,10 +385,7 @@ impl<'a> Metadata<'a> {
         let ok = match want {
             "string" => a.elem == ValueType::String,
             "float" => matches!(a.elem, ValueType::F32 | ValueType::F64),
-            _ => {
-                a.elem.fixed_size().is_some()
-                    && !matches!(a.elem, ValueType::F32 | ValueType::F64 | ValueType::Bool)
-            }
+            _ => a.elem.fixed_size().is_some() && !matches!(a.elem, ValueType::F32 | ValueType::F64 | ValueType::Bool),
         };
         if !ok {
             return Err(GgufError::WrongType {
@@ -446,10 +407,7 @@ impl<'a> Metadata<'a> {
             let Some(Value::String(b)) = it.next() else {
                 break;
             };
-            out.push(std::str::from_utf8(b).map_err(|_| GgufError::NotUtf8 {
-                key: key.into(),
-                offset: at,
-            })?);
+            out.push(std::str::from_utf8(b).map_err(|_| GgufError::NotUtf8 { key: key.into(), offset: at })?);
         }
         Ok(out)
     }
@@ -457,15 +415,7 @@ impl<'a> Metadata<'a> {
     /// An array of strings as raw bytes (vocabularies may hold pieces that are not UTF-8).
     pub fn get_bytes_array(&self, key: &str) -> Result<Vec<&'a [u8]>> {
         let a = self.typed_array(key, "string")?;
-        Ok(a.iter()
-            .filter_map(|v| {
-                if let Value::String(b) = v {
-                    Some(b)
-                } else {
-                    None
-                }
-            })
-            .collect())
+        Ok(a.iter().filter_map(|v| if let Value::String(b) = v { Some(b) } else { None }).collect())
     }
 
     pub fn get_i32_array(&self, key: &str) -> Result<Vec<i32>> {
@@ -483,50 +433,27 @@ impl<'a> Metadata<'a> {
 
     pub fn get_f32_array(&self, key: &str) -> Result<Vec<f32>> {
         let a = self.typed_array(key, "float")?;
-        Ok(a.iter()
-            .filter_map(|v| v.as_f64())
-            .map(|x| x as f32)
-            .collect())
+        Ok(a.iter().filter_map(|v| v.as_f64()).map(|x| x as f32).collect())
     }
 
     /// `get_u32` for a key that may be absent.
     pub fn opt_u32(&self, key: &str) -> Result<Option<u32>> {
-        if self.contains(key) {
-            self.get_u32(key).map(Some)
-        } else {
-            Ok(None)
-        }
+        if self.contains(key) { self.get_u32(key).map(Some) } else { Ok(None) }
     }
 
     pub fn opt_f32(&self, key: &str) -> Result<Option<f32>> {
-        if self.contains(key) {
-            self.get_f32(key).map(Some)
-        } else {
-            Ok(None)
-        }
+        if self.contains(key) { self.get_f32(key).map(Some) } else { Ok(None) }
     }
 
     pub fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
-        if self.contains(key) {
-            self.get_bool(key).map(Some)
-        } else {
-            Ok(None)
-        }
+        if self.contains(key) { self.get_bool(key).map(Some) } else { Ok(None) }
     }
 
     pub fn opt_str(&self, key: &str) -> Result<Option<&'a str>> {
-        if self.contains(key) {
-            self.get_str(key).map(Some)
-        } else {
-            Ok(None)
-        }
+        if self.contains(key) { self.get_str(key).map(Some) } else { Ok(None) }
     }
 }
 
 fn wrong_type(key: &str, expected: &str, found: ValueType) -> GgufError {
-    GgufError::WrongType {
-        key: key.into(),
-        expected: expected.into(),
-        found,
-    }
+    GgufError::WrongType { key: key.into(), expected: expected.into(), found }
 }

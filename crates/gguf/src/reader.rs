@@ -76,16 +76,8 @@ impl<'a> Cursor<'a> {
         let offset = self.pos;
         let count = self.u64(field)?;
         let remaining = self.remaining();
-        if count
-            .checked_mul(min_bytes)
-            .is_none_or(|need| need > remaining)
-        {
-            return Err(GgufError::CountTooLarge {
-                field: field(),
-                offset,
-                count,
-                remaining,
-            });
+        if count.checked_mul(min_bytes).is_none_or(|need| need > remaining) {
+            return Err(GgufError::CountTooLarge { field: field(), offset, count, remaining });
         }
         Ok(count)
     }
@@ -109,12 +101,7 @@ impl<'a> Cursor<'a> {
     }
 
     /// One value of type `ty`; arrays are walked (and so validated) but not copied.
-    pub(crate) fn value(
-        &mut self,
-        ty: ValueType,
-        field: FieldName,
-        depth: u32,
-    ) -> Result<RawValue> {
+    pub(crate) fn value(&mut self, ty: ValueType, field: FieldName, depth: u32) -> Result<RawValue> {
         Ok(match ty {
             ValueType::U8 => RawValue::U8(self.array::<1>(field)?[0]),
             ValueType::I8 => RawValue::I8(self.array::<1>(field)?[0] as i8),
@@ -178,12 +165,7 @@ impl<'a> Cursor<'a> {
                 self.value(elem, field, depth + 1)?;
             }
         }
-        Ok(RawValue::Array {
-            elem,
-            len,
-            off,
-            end: self.pos,
-        })
+        Ok(RawValue::Array { elem, len, off, end: self.pos })
     }
 }
 
@@ -251,10 +233,7 @@ impl Budget {
     fn charge(&mut self, bytes: u64) -> Result<()> {
         self.used = self.used.saturating_add(bytes);
         if self.used > self.limit {
-            return Err(GgufError::IndexTooLarge {
-                needed: self.used,
-                file_len: self.limit - INDEX_SLACK,
-            });
+            return Err(GgufError::IndexTooLarge { needed: self.used, file_len: self.limit - INDEX_SLACK });
         }
         Ok(())
     }
@@ -266,9 +245,7 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Layout> {
     let mut cur = Cursor::at(buf, 0);
     let magic = cur.array::<4>(&|| "magic".into())?;
     if &magic != MAGIC {
-        return Err(GgufError::BadMagic {
-            found: magic.escape_ascii().to_string(),
-        });
+        return Err(GgufError::BadMagic { found: magic.escape_ascii().to_string() });
     }
     let version = cur.u32(&|| "version".into())?;
     if version != 2 && version != 3 {
@@ -286,10 +263,7 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Layout> {
     let n_tensors = cur.count(24, &|| "tensor count".into())?;
     let n_kv = cur.count(14, &|| "metadata key/value count".into())?;
 
-    let mut budget = Budget {
-        used: 0,
-        limit: file_len + INDEX_SLACK,
-    };
+    let mut budget = Budget { used: 0, limit: file_len + INDEX_SLACK };
     budget.charge(n_kv * (size_of::<KvEntry>() + 4) as u64)?;
     budget.charge(n_tensors * (size_of::<TensorEntry>() + 4) as u64)?;
 
@@ -298,10 +272,7 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Layout> {
         buf,
         &kvs,
         |e, f| e.key(f),
-        |e, f| GgufError::DuplicateKey {
-            key: e.key(f).into(),
-            offset: e.key_off - 8,
-        },
+        |e, f| GgufError::DuplicateKey { key: e.key(f).into(), offset: e.key_off - 8 },
     )?;
     let alignment = alignment_of(buf, &kvs, &kv_sorted)?;
     let mut tensors = parse_tensor_infos(&mut cur, n_tensors)?;
@@ -309,10 +280,7 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Layout> {
         buf,
         &tensors,
         |t, f| t.name(f),
-        |t, f| GgufError::DuplicateTensor {
-            name: t.name(f).into(),
-            offset: t.info_off,
-        },
+        |t, f| GgufError::DuplicateTensor { name: t.name(f).into(), offset: t.info_off },
     )?;
 
     let data_offset = cur.pos().div_ceil(alignment).saturating_mul(alignment);
@@ -325,15 +293,7 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Layout> {
         });
     }
     place_tensors(buf, &mut tensors, data_offset, alignment)?;
-    Ok(Layout {
-        version,
-        alignment,
-        data_offset,
-        kvs,
-        kv_sorted,
-        tensors,
-        tensor_sorted,
-    })
+    Ok(Layout { version, alignment, data_offset, kvs, kv_sorted, tensors, tensor_sorted })
 }
 
 fn parse_kvs(cur: &mut Cursor, n_kv: u64) -> Result<Vec<KvEntry>> {
@@ -357,12 +317,7 @@ fn parse_kvs(cur: &mut Cursor, n_kv: u64) -> Result<Vec<KvEntry>> {
         let ty = cur.value_type(&|| format!("type of metadata key '{key}'"))?;
         let value_off = cur.pos();
         let value = cur.value(ty, &value_field, 0)?;
-        kvs.push(KvEntry {
-            key_off,
-            key_len: key_len as u32,
-            value_off,
-            value,
-        });
+        kvs.push(KvEntry { key_off, key_len: key_len as u32, value_off, value });
     }
     Ok(kvs)
 }
@@ -403,11 +358,7 @@ fn parse_tensor_infos(cur: &mut Cursor, n_tensors: u64) -> Result<Vec<TensorEntr
                 });
             }
         };
-        let bad = |reason: String| GgufError::BadTensor {
-            tensor: name.into(),
-            offset: info_off,
-            reason,
-        };
+        let bad = |reason: String| GgufError::BadTensor { tensor: name.into(), offset: info_off, reason };
         let dims_off = cur.pos();
         let n_dims = cur.u32(&|| format!("dimension count of tensor '{name}'"))?;
         if n_dims as usize > MAX_DIMS {
@@ -437,15 +388,9 @@ fn parse_tensor_infos(cur: &mut Cursor, n_tensors: u64) -> Result<Vec<TensorEntr
             id: type_id,
         })?;
         let rel_offset = cur.u64(&|| format!("data offset of tensor '{name}'"))?;
-        let n_elems = ne.iter().try_fold(1u64, |acc, &d| {
-            acc.checked_mul(d).filter(|&n| n <= i64::MAX as u64)
-        });
-        let n_elems = n_elems.ok_or_else(|| {
-            bad(format!(
-                "element count of shape {:?} overflows",
-                &ne[..n_dims as usize]
-            ))
-        })?;
+        let n_elems = ne.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d).filter(|&n| n <= i64::MAX as u64));
+        let n_elems =
+            n_elems.ok_or_else(|| bad(format!("element count of shape {:?} overflows", &ne[..n_dims as usize])))?;
         if ne[0] % ty.block_size() != 0 {
             return Err(bad(format!(
                 "first dimension {} is not a multiple of the {} block size {}",
@@ -454,9 +399,7 @@ fn parse_tensor_infos(cur: &mut Cursor, n_tensors: u64) -> Result<Vec<TensorEntr
                 ty.block_size()
             )));
         }
-        let n_bytes = ty
-            .bytes_for(n_elems)
-            .ok_or_else(|| bad("byte size overflows".into()))?;
+        let n_bytes = ty.bytes_for(n_elems).ok_or_else(|| bad("byte size overflows".into()))?;
         tensors.push(TensorEntry {
             name_off,
             name_len: name_len as u32,
@@ -473,24 +416,12 @@ fn parse_tensor_infos(cur: &mut Cursor, n_tensors: u64) -> Result<Vec<TensorEntr
 }
 
 /// Resolve every tensor's absolute range and check alignment, bounds and overlap.
-fn place_tensors(
-    buf: &[u8],
-    tensors: &mut [TensorEntry],
-    data_offset: u64,
-    alignment: u64,
-) -> Result<()> {
+fn place_tensors(buf: &[u8], tensors: &mut [TensorEntry], data_offset: u64, alignment: u64) -> Result<()> {
     let file_len = buf.len() as u64;
     for t in tensors.iter_mut() {
-        let bad = |reason: String| GgufError::BadTensor {
-            tensor: t.name(buf).into(),
-            offset: t.info_off,
-            reason,
-        };
+        let bad = |reason: String| GgufError::BadTensor { tensor: t.name(buf).into(), offset: t.info_off, reason };
         if t.rel_offset % alignment != 0 {
-            return Err(bad(format!(
-                "data offset {} is not a multiple of the alignment {alignment}",
-                t.rel_offset
-            )));
+            return Err(bad(format!("data offset {} is not a multiple of the alignment {alignment}", t.rel_offset)));
         }
         let start = data_offset.checked_add(t.rel_offset);
         let end = start.and_then(|s| s.checked_add(t.n_bytes));
@@ -532,11 +463,7 @@ fn sorted_unique<'b, T>(
     duplicate: impl Fn(&T, &'b [u8]) -> GgufError,
 ) -> Result<Vec<u32>> {
     let mut idx: Vec<u32> = (0..items.len() as u32).collect();
-    idx.sort_by(|&a, &b| {
-        name(&items[a as usize], buf)
-            .cmp(name(&items[b as usize], buf))
-            .then(a.cmp(&b))
-    });
+    idx.sort_by(|&a, &b| name(&items[a as usize], buf).cmp(name(&items[b as usize], buf)).then(a.cmp(&b)));
     for pair in idx.windows(2) {
         let (a, b) = (&items[pair[0] as usize], &items[pair[1] as usize]);
         if name(a, buf) == name(b, buf) {

@@ -39,11 +39,7 @@ impl GgufModel {
         let mut parts = Vec::with_capacity(count as usize);
         for no in 0..count {
             let part_path = part_name(&prefix, no, count);
-            let part = if part_path == path {
-                GgufFile::open(path)?
-            } else {
-                GgufFile::open(&part_path)?
-            };
+            let part = if part_path == path { GgufFile::open(path)? } else { GgufFile::open(&part_path)? };
             check_part(&part, &part_path, no, count)?;
             parts.push(part);
         }
@@ -92,19 +88,14 @@ impl GgufModel {
             && d != total
         {
             return Err(GgufError::Split {
-                reason: format!(
-                    "{prefix}: {KEY_SPLIT_TENSORS} is {d} but the parts hold {total} tensors"
-                ),
+                reason: format!("{prefix}: {KEY_SPLIT_TENSORS} is {d} but the parts hold {total} tensors"),
             });
         }
         let mut seen = HashSet::with_capacity(self.tensor_count());
         for t in self.tensors() {
             if !seen.insert(t.name()) {
                 return Err(GgufError::Split {
-                    reason: format!(
-                        "{prefix}: tensor '{}' appears in more than one part",
-                        t.name()
-                    ),
+                    reason: format!("{prefix}: tensor '{}' appears in more than one part", t.name()),
                 });
             }
         }
@@ -152,15 +143,9 @@ mod tests {
 
     #[test]
     fn prefix_and_names() {
-        assert_eq!(
-            split_prefix(Path::new("/m/a-b-00002-of-00003.gguf")).as_deref(),
-            Some("/m/a-b")
-        );
+        assert_eq!(split_prefix(Path::new("/m/a-b-00002-of-00003.gguf")).as_deref(), Some("/m/a-b"));
         assert_eq!(split_prefix(Path::new("/m/model.gguf")), None);
         assert_eq!(split_prefix(Path::new("/m/x-1-of-3.gguf")), None);
-        assert_eq!(
-            part_name("/m/a", 0, 3),
-            PathBuf::from("/m/a-00001-of-00003.gguf")
-        );
+        assert_eq!(part_name("/m/a", 0, 3), PathBuf::from("/m/a-00001-of-00003.gguf"));
     }
 }

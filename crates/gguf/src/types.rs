@@ -92,10 +92,7 @@ impl GgmlType {
 
     /// The type with this name (case-insensitive: `Q4_K`, `q4_k` and `q4_K` all match).
     pub fn from_name(name: &str) -> Option<GgmlType> {
-        GgmlType::ALL
-            .iter()
-            .copied()
-            .find(|t| t.name().eq_ignore_ascii_case(name))
+        GgmlType::ALL.iter().copied().find(|t| t.name().eq_ignore_ascii_case(name))
     }
 
     /// Bytes for `n` elements, or `None` if `n` is not a whole number of blocks or overflows.

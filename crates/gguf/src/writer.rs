@@ -36,10 +36,7 @@ impl OwnedValue {
     }
 
     pub fn strings<S: AsRef<str>>(items: impl IntoIterator<Item = S>) -> OwnedValue {
-        let v = items
-            .into_iter()
-            .map(|s| OwnedValue::String(s.as_ref().as_bytes().to_vec()))
-            .collect();
+        let v = items.into_iter().map(|s| OwnedValue::String(s.as_ref().as_bytes().to_vec())).collect();
         OwnedValue::Array(ValueType::String, v)
     }
 
@@ -107,9 +104,7 @@ impl From<Value<'_>> for OwnedValue {
             Value::I64(x) => OwnedValue::I64(x),
             Value::F64(x) => OwnedValue::F64(x),
             Value::String(b) => OwnedValue::String(b.to_vec()),
-            Value::Array(a) => {
-                OwnedValue::Array(a.elem_type(), a.iter().map(OwnedValue::from).collect())
-            }
+            Value::Array(a) => OwnedValue::Array(a.elem_type(), a.iter().map(OwnedValue::from).collect()),
         }
     }
 }
@@ -158,11 +153,7 @@ impl<'a> GgufWriter<'a> {
     ) -> Result<&mut Self> {
         let name = name.into();
         let data = data.into();
-        let fail = |reason: String| {
-            Err(GgufError::Write {
-                reason: format!("tensor '{name}': {reason}"),
-            })
-        };
+        let fail = |reason: String| Err(GgufError::Write { reason: format!("tensor '{name}': {reason}") });
         if shape.len() > MAX_DIMS {
             return fail(format!("{} dimensions, at most {MAX_DIMS}", shape.len()));
         }
@@ -170,22 +161,11 @@ impl<'a> GgufWriter<'a> {
             return fail("added twice".into());
         }
         let n = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
-        let want = n.and_then(|n| {
-            ty.bytes_for(n)
-                .filter(|_| shape.first().is_none_or(|d| d % ty.block_size() == 0))
-        });
+        let want = n.and_then(|n| ty.bytes_for(n).filter(|_| shape.first().is_none_or(|d| d % ty.block_size() == 0)));
         if want != Some(data.len() as u64) {
-            return fail(format!(
-                "{} bytes do not match shape {shape:?} of type {ty}",
-                data.len()
-            ));
+            return fail(format!("{} bytes do not match shape {shape:?} of type {ty}", data.len()));
         }
-        self.tensors.push(PendingTensor {
-            name,
-            ty,
-            shape: shape.to_vec(),
-            data,
-        });
+        self.tensors.push(PendingTensor { name, ty, shape: shape.to_vec(), data });
         Ok(self)
     }
 
@@ -193,9 +173,9 @@ impl<'a> GgufWriter<'a> {
         match self.kvs.iter().find(|(k, _)| k == "general.alignment") {
             None => Ok(DEFAULT_ALIGNMENT),
             Some((_, OwnedValue::U32(a))) if a.is_power_of_two() => Ok(*a as u64),
-            Some((_, v)) => Err(GgufError::Write {
-                reason: format!("general.alignment must be a power-of-two u32, not {v:?}"),
-            }),
+            Some((_, v)) => {
+                Err(GgufError::Write { reason: format!("general.alignment must be a power-of-two u32, not {v:?}") })
+            }
         }
     }
 
@@ -231,9 +211,7 @@ impl<'a> GgufWriter<'a> {
     /// Write the file to `w`.
     pub fn write_to(&self, mut w: impl Write) -> Result<()> {
         let alignment = self.alignment()?;
-        let io = |e: io::Error| GgufError::Write {
-            reason: e.to_string(),
-        };
+        let io = |e: io::Error| GgufError::Write { reason: e.to_string() };
         w.write_all(&self.header(alignment)?).map_err(io)?;
         let zeros = vec![0u8; alignment as usize];
         for t in &self.tensors {
@@ -253,10 +231,7 @@ impl<'a> GgufWriter<'a> {
     /// Write the file to `path` (through a buffer; the file is replaced).
     pub fn write_file(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
-        let f = std::fs::File::create(path).map_err(|source| GgufError::Io {
-            path: path.into(),
-            source,
-        })?;
+        let f = std::fs::File::create(path).map_err(|source| GgufError::Io { path: path.into(), source })?;
         self.write_to(io::BufWriter::with_capacity(1 << 20, f))
     }
 }

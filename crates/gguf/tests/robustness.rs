@@ -119,10 +119,7 @@ fn walk_value(b: &[u8], pos: &mut usize, ty: u32, f: &mut Fields) {
 }
 
 fn walk(b: &[u8]) -> Fields {
-    let mut f = Fields {
-        lengths: vec![8, 16],
-        ..Default::default()
-    };
+    let mut f = Fields { lengths: vec![8, 16], ..Default::default() };
     let n_tensors = u64_at(b, 8);
     let n_kv = u64_at(b, 16);
     let mut pos = 24;
@@ -163,11 +160,7 @@ fn damage(orig: &[u8], f: &Fields, kind: usize, rng: &mut Rng) -> (Vec<u8>, Stri
     let label = match kind {
         0 => {
             // Truncation, mostly within the header, sometimes in the data.
-            let len = if rng.below(4) == 0 {
-                rng.below(orig.len())
-            } else {
-                rng.below(f.header_end + 64)
-            };
+            let len = if rng.below(4) == 0 { rng.below(orig.len()) } else { rng.below(f.header_end + 64) };
             b.truncate(len.min(orig.len()));
             format!("truncated to {len}")
         }
@@ -187,15 +180,8 @@ fn damage(orig: &[u8], f: &Fields, kind: usize, rng: &mut Rng) -> (Vec<u8>, Stri
         3 => {
             let at = f.lengths[rng.below(f.lengths.len())];
             let old = u64_at(&b, at);
-            let v = [
-                u64::MAX,
-                1 << 63,
-                orig.len() as u64,
-                orig.len() as u64 + 1,
-                old * 2 + 1,
-                old + 1,
-                0x7fff_ffff,
-            ][rng.below(7)];
+            let v = [u64::MAX, 1 << 63, orig.len() as u64, orig.len() as u64 + 1, old * 2 + 1, old + 1, 0x7fff_ffff]
+                [rng.below(7)];
             put_u64(&mut b, at, v);
             format!("length/count at {at}: {old} -> {v}")
         }
@@ -249,9 +235,7 @@ fn read_all(f: &GgufFile) -> u64 {
             Value::Array(a) => {
                 n += match a.elem_type() {
                     ValueType::String => md.get_str_array(k).map(|v| v.len()).unwrap_or(0),
-                    ValueType::F32 | ValueType::F64 => {
-                        md.get_f32_array(k).map(|v| v.len()).unwrap_or(0)
-                    }
+                    ValueType::F32 | ValueType::F64 => md.get_f32_array(k).map(|v| v.len()).unwrap_or(0),
                     ValueType::Array | ValueType::Bool => a.iter().count(),
                     _ => md.get_i32_array(k).map(|v| v.len()).unwrap_or(0),
                 } as u64;
@@ -261,13 +245,7 @@ fn read_all(f: &GgufFile) -> u64 {
         }
     }
     for t in f.tensors() {
-        n += t
-            .data()
-            .iter()
-            .step_by(4096)
-            .map(|&x| x as u64)
-            .sum::<u64>()
-            + t.n_elements() % 3;
+        n += t.data().iter().step_by(4096).map(|&x| x as u64).sum::<u64>() + t.n_elements() % 3;
         assert!(f.tensor(t.name()).is_some());
     }
     n
@@ -289,10 +267,7 @@ fn damaged_models_never_panic_hang_or_overallocate() {
         let fields = walk(&orig);
         for i in 0..PER_MODEL {
             let (bytes, label) = damage(&orig, &fields, i % KINDS, &mut rng);
-            let case = format!(
-                "{} variant {i} ({label})",
-                path.file_name().unwrap().to_string_lossy()
-            );
+            let case = format!("{} variant {i} ({label})", path.file_name().unwrap().to_string_lossy());
             let len = bytes.len();
             let t0 = Instant::now();
             let before = reset_peak();
@@ -305,19 +280,14 @@ fn damaged_models_never_panic_hang_or_overallocate() {
             );
             match opened {
                 Ok(f) => {
-                    std::panic::catch_unwind(|| read_all(&f))
-                        .unwrap_or_else(|_| panic!("{case}: reading panicked"));
+                    std::panic::catch_unwind(|| read_all(&f)).unwrap_or_else(|_| panic!("{case}: reading panicked"));
                 }
                 Err(e) => {
                     assert!(!e.to_string().is_empty());
                     rejected += 1;
                 }
             }
-            assert!(
-                t0.elapsed() < Duration::from_secs(2),
-                "{case}: took {:?}",
-                t0.elapsed()
-            );
+            assert!(t0.elapsed() < Duration::from_secs(2), "{case}: took {:?}", t0.elapsed());
             total += 1;
         }
     }

@@ -30,10 +30,7 @@ impl ActFormat {
             Q4_1 | Q5_1 => ActFormat::Q8_1,
             Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | TQ1_0 | TQ2_0 => ActFormat::Q8K,
             other => {
-                return Err(KernelError::Unsupported {
-                    ty: other,
-                    what: "matrix products",
-                });
+                return Err(KernelError::Unsupported { ty: other, what: "matrix products" });
             }
         })
     }
@@ -58,9 +55,7 @@ impl ActFormat {
 
     /// Bytes for a row of `cols` elements (`cols` a whole number of blocks).
     pub fn row_bytes(self, cols: usize) -> usize {
-        self.ggml_type()
-            .bytes_for(cols as u64)
-            .map_or(0, |b| b as usize)
+        self.ggml_type().bytes_for(cols as u64).map_or(0, |b| b as usize)
     }
 }
 
@@ -106,6 +101,10 @@ impl AlignedBuf {
 }
 
 /// Rows of activations in one [`ActFormat`], reused from product to product.
+///
+/// Besides the blocks every kernel understands, a tier may keep a second, private layout of
+/// the same values (`aux`: e.g. all quants contiguous and the scales as f32), built once per
+/// product by [`Kernels::quantize_acts`](crate::Kernels::quantize_acts).
 #[derive(Default)]
 pub struct Acts {
     format: Option<ActFormat>,
@@ -113,6 +112,8 @@ pub struct Acts {
     cols: usize,
     row_bytes: usize,
     buf: AlignedBuf,
+    aux: AlignedBuf,
+    aux_row_bytes: usize,
 }
 
 impl Acts {
@@ -121,24 +122,17 @@ impl Acts {
     }
 
     /// Shape the buffer for `rows` rows of `cols` elements in `format`.
-    pub fn reset(
-        &mut self,
-        format: ActFormat,
-        rows: usize,
-        cols: usize,
-    ) -> Result<(), KernelError> {
+    pub fn reset(&mut self, format: ActFormat, rows: usize, cols: usize) -> Result<(), KernelError> {
         if !cols.is_multiple_of(format.block()) {
-            return Err(KernelError::Size {
-                ty: format.ggml_type(),
-                elements: cols,
-                bytes: 0,
-            });
+            return Err(KernelError::Size { ty: format.ggml_type(), elements: cols, bytes: 0 });
         }
         self.format = Some(format);
         self.rows = rows;
         self.cols = cols;
         self.row_bytes = format.row_bytes(cols);
         self.buf.resize(rows * self.row_bytes);
+        self.aux_row_bytes = 0;
+        self.aux.resize(0);
         Ok(())
     }
 
@@ -174,6 +168,27 @@ impl Acts {
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         self.buf.as_bytes_mut()
     }
+
+    /// The tier-private layout of row `i` (empty unless the tier built one).
+    pub fn aux_row(&self, i: usize) -> &[u8] {
+        &self.aux.as_bytes()[i * self.aux_row_bytes..(i + 1) * self.aux_row_bytes]
+    }
+
+    pub fn aux_bytes(&self) -> &[u8] {
+        self.aux.as_bytes()
+    }
+
+    /// Shape the private layout: `rows` rows of `row_bytes` (a multiple of 64), plus `extra`
+    /// bytes after them. Returns the blocks and the private buffer together.
+    pub fn reset_aux(&mut self, row_bytes: usize, extra: usize) -> (&[u8], &mut [u8]) {
+        self.aux_row_bytes = row_bytes;
+        self.aux.resize(self.rows * row_bytes + extra);
+        (self.buf.as_bytes(), self.aux.as_bytes_mut())
+    }
+
+    pub fn aux_row_bytes(&self) -> usize {
+        self.aux_row_bytes
+    }
 }
 
 /// The scalar reference: quantize one row of f32 into `format`.
@@ -186,9 +201,7 @@ pub fn quantize_row_ref(format: ActFormat, x: &[f32], out: &mut [u8]) {
         ActFormat::F32 => out.copy_from_slice(bytemuck::cast_slice(x)),
         ActFormat::Q8_0 => quantize_q8_0_act(x, formats::blocks_mut(out)),
         ActFormat::Q8_1 => quantize_q8_1_act(x, formats::blocks_mut(out)),
-        ActFormat::Q8K => {
-            formats::quantize(GgmlType::Q8_K, x, out).expect("activation rows are whole blocks")
-        }
+        ActFormat::Q8K => formats::quantize(GgmlType::Q8_K, x, out).expect("activation rows are whole blocks"),
     }
 }
 

@@ -35,13 +35,7 @@ fn ask_kernel() -> bool {
     const XFEATURE_XTILEDATA: libc::c_long = 18;
     // SAFETY: a plain system call with integer arguments; it only changes this process's
     // permitted extended-state features.
-    unsafe {
-        libc::syscall(
-            libc::SYS_arch_prctl,
-            ARCH_REQ_XCOMP_PERM,
-            XFEATURE_XTILEDATA,
-        ) == 0
-    }
+    unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
 }
 
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]

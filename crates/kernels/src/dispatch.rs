@@ -6,6 +6,7 @@ use onebit_gguf::GgmlType;
 use crate::KernelError;
 use crate::act::{ActFormat, Acts};
 use crate::matmul::{MatRef, OutPtr, RowKernel};
+use crate::pack::PackedMat;
 use crate::pool::Pool;
 use crate::tier::KernelTier;
 
@@ -13,6 +14,11 @@ use crate::tier::KernelTier;
 pub(crate) struct Table {
     pub row_kernel: fn(GgmlType) -> Option<RowKernel>,
     pub quantize_row: fn(ActFormat, &[f32], &mut [u8]),
+    /// Build the tier's private layout of freshly quantized activations (or nothing), for
+    /// products with weights of the given type.
+    pub prepare: fn(&Pool, &mut Acts, GgmlType),
+    /// Repack a matrix for this tier's kernels, where it has a packed kernel for the type.
+    pub pack: fn(&MatRef, &Pool) -> Option<PackedMat>,
     pub rms_norm: fn(&[f32], &[f32], f32, &mut [f32]),
     pub softmax: fn(&mut [f32]),
     pub silu_mul: fn(&mut [f32], &[f32]),
@@ -35,30 +41,25 @@ impl std::fmt::Debug for Kernels {
     }
 }
 
-/// Rows of output per unit of work handed to a thread.
+/// Rows of output per unit of work handed to a thread (packed matrices: their row group).
 const ROW_CHUNK: usize = 16;
+
+fn chunk_rows(w: &MatRef) -> usize {
+    if w.packed.is_some() { crate::pack::GROUP } else { ROW_CHUNK }
+}
 
 impl Kernels {
     /// The kernels of `tier`, if this build and CPU can run it.
     pub fn new(tier: KernelTier) -> Result<Kernels, KernelError> {
         if !tier.is_available() {
-            return Err(KernelError::TierUnavailable {
-                tier,
-                available: KernelTier::available(),
-            });
+            return Err(KernelError::TierUnavailable { tier, available: KernelTier::available() });
         }
-        Ok(Kernels {
-            tier,
-            table: table_for(tier),
-        })
+        Ok(Kernels { tier, table: table_for(tier) })
     }
 
     /// The best tier of this machine.
     pub fn best() -> Kernels {
-        Kernels::new(KernelTier::best()).unwrap_or(Kernels {
-            tier: KernelTier::Scalar,
-            table: &crate::scalar::TABLE,
-        })
+        Kernels::new(KernelTier::best()).unwrap_or(Kernels { tier: KernelTier::Scalar, table: &crate::scalar::TABLE })
     }
 
     pub fn tier(&self) -> KernelTier {
@@ -87,6 +88,7 @@ impl Kernels {
             for t in 0..rows {
                 quantize(format, &x[t * cols..(t + 1) * cols], acts.row_mut(t));
             }
+            (self.table.prepare)(pool, acts, w_ty);
             return Ok(());
         }
         let rb = acts.row_bytes();
@@ -98,27 +100,18 @@ impl Kernels {
                 quantize(format, &x[t * cols..(t + 1) * cols], row);
             }
         });
+        (self.table.prepare)(pool, acts, w_ty);
         Ok(())
     }
 
     /// `out[t * w.rows + r] = W[r] · X[t]` for every token `t` of `acts`.
-    pub fn matmul(
-        &self,
-        pool: &Pool,
-        w: &MatRef,
-        acts: &Acts,
-        out: &mut [f32],
-    ) -> Result<(), KernelError> {
+    pub fn matmul(&self, pool: &Pool, w: &MatRef, acts: &Acts, out: &mut [f32]) -> Result<(), KernelError> {
         let kernel = self.row_kernel(w, acts)?;
         if out.len() < acts.rows() * w.rows {
-            return Err(KernelError::Size {
-                ty: GgmlType::F32,
-                elements: acts.rows() * w.rows,
-                bytes: out.len() * 4,
-            });
+            return Err(KernelError::Size { ty: GgmlType::F32, elements: acts.rows() * w.rows, bytes: out.len() * 4 });
         }
         let ptr = OutPtr::new(out, w.rows);
-        pool.for_chunks(w.rows, ROW_CHUNK, &|_, rows| kernel.run(w, rows, acts, ptr));
+        pool.for_chunks(w.rows, chunk_rows(w), &|_, rows| kernel.run(w, rows, acts, ptr));
         Ok(())
     }
 
@@ -145,13 +138,14 @@ impl Kernels {
             }
             jobs.push((kernel, OutPtr::new(out, w.rows)));
             offsets.push(total);
-            total += w.rows.div_ceil(ROW_CHUNK);
+            total += w.rows.div_ceil(chunk_rows(w));
         }
         pool.for_chunks(total, 1, &|_, chunks| {
             for c in chunks {
                 let i = offsets.partition_point(|&o| o <= c) - 1;
-                let start = (c - offsets[i]) * ROW_CHUNK;
-                let rows = start..(start + ROW_CHUNK).min(ws[i].rows);
+                let size = chunk_rows(ws[i]);
+                let start = (c - offsets[i]) * size;
+                let rows = start..(start + size).min(ws[i].rows);
                 jobs[i].0.run(ws[i], rows, acts, jobs[i].1);
             }
         });
@@ -167,10 +161,14 @@ impl Kernels {
                 acts: format!("{:?} × {}", acts.format(), acts.cols()),
             });
         }
-        (self.table.row_kernel)(w.ty).ok_or(KernelError::Unsupported {
-            ty: w.ty,
-            what: "matrix products",
-        })
+        (self.table.row_kernel)(w.ty).ok_or(KernelError::Unsupported { ty: w.ty, what: "matrix products" })
+    }
+
+    /// Repack `w` for this tier's kernels, if it has packed kernels for the type. The result is
+    /// attached with [`MatRef::with_packed`]; it holds the same weights, so the original bytes
+    /// can then be dropped from memory.
+    pub fn pack(&self, pool: &Pool, w: &MatRef) -> Option<PackedMat> {
+        (self.table.pack)(w, pool)
     }
 
     pub fn rms_norm(&self, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -215,8 +213,16 @@ impl SharedBytes {
 fn table_for(tier: KernelTier) -> &'static Table {
     match tier {
         KernelTier::Scalar => &crate::scalar::TABLE,
-        // Faster tiers arrive with their kernels; until a tier has its own table it runs the
-        // reference one, so every tier is always correct.
+        #[cfg(target_arch = "x86_64")]
+        KernelTier::Avx2 => &crate::x86::avx2::TABLE,
+        #[cfg(target_arch = "x86_64")]
+        KernelTier::Avx512 => &crate::x86::avx512::TABLE,
+        #[cfg(target_arch = "x86_64")]
+        KernelTier::Amx => &crate::x86::amx::TABLE,
+        #[cfg(target_arch = "aarch64")]
+        KernelTier::Neon => &crate::aarch64::neon::TABLE,
+        // Not compiled for this architecture: `is_available` already refused it.
+        #[allow(unreachable_patterns)]
         _ => &crate::scalar::TABLE,
     }
 }

@@ -10,18 +10,24 @@
 // against; iterator chains would hide that correspondence.
 #![allow(clippy::needless_range_loop)]
 
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
 pub mod act;
 mod amx_perm;
 mod dispatch;
 pub mod formats;
 pub mod matmul;
+pub mod pack;
 pub mod pool;
 pub mod scalar;
 pub mod tier;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 pub use act::{ActFormat, Acts};
 pub use dispatch::Kernels;
 pub use matmul::MatRef;
+pub use pack::PackedMat;
 pub use pool::{PerThread, Pool};
 pub use tier::KernelTier;
 
@@ -33,20 +39,9 @@ pub enum KernelError {
     #[error("{what} is not implemented for tensor type {ty}")]
     Unsupported { ty: GgmlType, what: &'static str },
     #[error("{elements} elements of {ty} need {} bytes, got {bytes}", ty.bytes_for(*elements as u64).map_or("a whole number of blocks".to_string(), |b| b.to_string()))]
-    Size {
-        ty: GgmlType,
-        elements: usize,
-        bytes: usize,
-    },
+    Size { ty: GgmlType, elements: usize, bytes: usize },
     #[error("weights {weights} with {cols} columns do not match activations {acts}")]
-    Mismatch {
-        weights: GgmlType,
-        cols: usize,
-        acts: String,
-    },
+    Mismatch { weights: GgmlType, cols: usize, acts: String },
     #[error("kernel tier '{tier}' is not available on this machine (available: {})", available.iter().map(|t| t.name()).collect::<Vec<_>>().join(", "))]
-    TierUnavailable {
-        tier: KernelTier,
-        available: Vec<KernelTier>,
-    },
+    TierUnavailable { tier: KernelTier, available: Vec<KernelTier> },
 }

@@ -11,40 +11,32 @@ use onebit_gguf::{GgmlType, Tensor};
 
 use crate::KernelError;
 use crate::act::Acts;
+use crate::pack::PackedMat;
 use crate::scalar::dot::DotFn;
 
-/// A weight matrix: `rows` rows of `cols` weights, each row whole blocks of `ty`.
+/// A weight matrix: `rows` rows of `cols` weights, each row whole blocks of `ty`, and
+/// optionally the same matrix repacked for the tier's kernels (see [`crate::pack`]).
 #[derive(Clone, Copy, Debug)]
 pub struct MatRef<'a> {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
     pub data: &'a [u8],
+    pub packed: Option<&'a PackedMat>,
 }
 
 impl<'a> MatRef<'a> {
-    pub fn new(
-        ty: GgmlType,
-        rows: usize,
-        cols: usize,
-        data: &'a [u8],
-    ) -> Result<MatRef<'a>, KernelError> {
-        let want = ty
-            .bytes_for(cols as u64)
-            .and_then(|b| b.checked_mul(rows as u64));
+    pub fn new(ty: GgmlType, rows: usize, cols: usize, data: &'a [u8]) -> Result<MatRef<'a>, KernelError> {
+        let want = ty.bytes_for(cols as u64).and_then(|b| b.checked_mul(rows as u64));
         if want != Some(data.len() as u64) {
-            return Err(KernelError::Size {
-                ty,
-                elements: rows * cols,
-                bytes: data.len(),
-            });
+            return Err(KernelError::Size { ty, elements: rows * cols, bytes: data.len() });
         }
-        Ok(MatRef {
-            ty,
-            rows,
-            cols,
-            data,
-        })
+        Ok(MatRef { ty, rows, cols, data, packed: None })
+    }
+
+    /// The same matrix with its repacked form attached.
+    pub fn with_packed(self, packed: Option<&'a PackedMat>) -> MatRef<'a> {
+        MatRef { packed: packed.filter(|p| p.rows == self.rows && p.cols == self.cols && p.ty == self.ty), ..self }
     }
 
     /// A 2-D GGUF tensor: `ne[0]` is the row length.
@@ -70,6 +62,7 @@ impl<'a> MatRef<'a> {
             rows: range.len(),
             cols: self.cols,
             data: &self.data[range.start * rb..range.end * rb],
+            packed: None,
         }
     }
 }
@@ -88,11 +81,7 @@ unsafe impl Sync for OutPtr {}
 
 impl OutPtr {
     pub fn new(out: &mut [f32], stride: usize) -> OutPtr {
-        OutPtr {
-            ptr: out.as_mut_ptr(),
-            len: out.len(),
-            stride,
-        }
+        OutPtr { ptr: out.as_mut_ptr(), len: out.len(), stride }
     }
 
     /// Store one result.

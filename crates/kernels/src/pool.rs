@@ -69,11 +69,7 @@ impl Pool {
                     .expect("spawning a pool thread")
             })
             .collect();
-        Pool {
-            shared,
-            workers,
-            n_threads,
-        }
+        Pool { shared, workers, n_threads }
     }
 
     /// The number of cores this process may use.
@@ -93,16 +89,12 @@ impl Pool {
             return;
         }
         let s = &*self.shared;
-        assert!(
-            !s.busy.swap(true, Ordering::Acquire),
-            "Pool::run is not reentrant"
-        );
+        assert!(!s.busy.swap(true, Ordering::Acquire), "Pool::run is not reentrant");
         // SAFETY: no worker is running a job (the previous `run` waited for all of them), so
         // nobody reads `job` now. The lifetime is erased only until this call returns, and
         // this call does not return before every worker has stopped using the pointer.
         unsafe {
-            let erased: *const Job =
-                std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const Job>(f);
+            let erased: *const Job = std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const Job>(f);
             *s.job.get() = Some(erased);
         }
         s.remaining.store(self.n_threads - 1, Ordering::Relaxed);
@@ -125,12 +117,7 @@ impl Pool {
     }
 
     /// Split `0..n` into chunks of `chunk` and hand them out dynamically: `f(tid, range)`.
-    pub fn for_chunks(
-        &self,
-        n: usize,
-        chunk: usize,
-        f: &(dyn Fn(usize, std::ops::Range<usize>) + Sync),
-    ) {
+    pub fn for_chunks(&self, n: usize, chunk: usize, f: &(dyn Fn(usize, std::ops::Range<usize>) + Sync)) {
         let chunk = chunk.max(1);
         let next = AtomicUsize::new(0);
         self.run(&|tid| {
@@ -170,11 +157,7 @@ unsafe impl<T: Send> Sync for PerThread<T> {}
 
 impl<T> PerThread<T> {
     pub fn new(n_threads: usize, mut make: impl FnMut() -> T) -> PerThread<T> {
-        PerThread {
-            slots: (0..n_threads.max(1))
-                .map(|_| UnsafeCell::new(make()))
-                .collect(),
-        }
+        PerThread { slots: (0..n_threads.max(1)).map(|_| UnsafeCell::new(make())).collect() }
     }
 
     /// The slot of thread `tid`.
@@ -283,9 +266,7 @@ mod tests {
     #[test]
     fn a_worker_panic_reaches_the_caller() {
         let pool = Pool::new(2);
-        let r = catch_unwind(AssertUnwindSafe(|| {
-            pool.run(&|tid| assert_ne!(tid, 1, "boom"))
-        }));
+        let r = catch_unwind(AssertUnwindSafe(|| pool.run(&|tid| assert_ne!(tid, 1, "boom"))));
         assert!(r.is_err());
         pool.run(&|_| {});
     }

@@ -23,13 +23,8 @@ pub enum KernelTier {
 }
 
 impl KernelTier {
-    pub const ALL: [KernelTier; 5] = [
-        KernelTier::Scalar,
-        KernelTier::Avx2,
-        KernelTier::Avx512,
-        KernelTier::Amx,
-        KernelTier::Neon,
-    ];
+    pub const ALL: [KernelTier; 5] =
+        [KernelTier::Scalar, KernelTier::Avx2, KernelTier::Avx512, KernelTier::Amx, KernelTier::Neon];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -54,17 +49,12 @@ impl KernelTier {
 
     /// Every tier this machine can run, lowest first.
     pub fn available() -> Vec<KernelTier> {
-        KernelTier::ALL
-            .into_iter()
-            .filter(|t| t.is_available())
-            .collect()
+        KernelTier::ALL.into_iter().filter(|t| t.is_available()).collect()
     }
 
     /// The best tier this machine can run.
     pub fn best() -> KernelTier {
-        *KernelTier::available()
-            .last()
-            .unwrap_or(&KernelTier::Scalar)
+        *KernelTier::available().last().unwrap_or(&KernelTier::Scalar)
     }
 }
 
@@ -81,18 +71,14 @@ impl FromStr for KernelTier {
         KernelTier::ALL
             .into_iter()
             .find(|t| t.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| {
-                format!("unknown kernel tier '{s}' (known: scalar, avx2, avx512, amx, neon)")
-            })
+            .ok_or_else(|| format!("unknown kernel tier '{s}' (known: scalar, avx2, avx512, amx, neon)"))
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod cpu {
     pub fn has_avx2() -> bool {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
     }
 
     pub fn has_avx512() -> bool {
@@ -124,8 +110,7 @@ mod cpu {
         false
     }
     pub fn has_neon() -> bool {
-        std::arch::is_aarch64_feature_detected!("neon")
-            && std::arch::is_aarch64_feature_detected!("dotprod")
+        std::arch::is_aarch64_feature_detected!("neon") && std::arch::is_aarch64_feature_detected!("dotprod")
     }
 }
 

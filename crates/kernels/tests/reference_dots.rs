@@ -3,9 +3,7 @@
 
 use onebit_gguf::GgmlType;
 use onebit_kernels::act::{ActFormat, quantize_row_ref};
-use onebit_kernels::formats::{
-    BlockQ4_1, BlockQ5_1, BlockQ8_1, blocks, dequantize, f16_to_f32, quantize,
-};
+use onebit_kernels::formats::{BlockQ4_1, BlockQ5_1, BlockQ8_1, blocks, dequantize, f16_to_f32, quantize};
 use onebit_kernels::scalar::dot::dot_fn;
 
 struct Rng(u64);
@@ -61,25 +59,16 @@ fn scalar_dots_match_dequantized_f64_dots() {
                 let xb: &[BlockQ8_1] = blocks(&xq);
                 for (b, blk) in xb.iter().enumerate() {
                     let m = match ty {
-                        GgmlType::Q4_1 => {
-                            f16_to_f32(u16::from_le_bytes(blocks::<BlockQ4_1>(&wq)[b].m))
-                        }
+                        GgmlType::Q4_1 => f16_to_f32(u16::from_le_bytes(blocks::<BlockQ4_1>(&wq)[b].m)),
                         _ => f16_to_f32(u16::from_le_bytes(blocks::<BlockQ5_1>(&wq)[b].m)),
                     } as f64;
                     let sum_x: f64 = xd[32 * b..32 * b + 32].iter().map(|&v| v as f64).sum();
                     want += m * (f16_to_f32(u16::from_le_bytes(blk.s)) as f64 - sum_x);
                 }
             }
-            let scale: f64 = wd
-                .iter()
-                .zip(&xd)
-                .map(|(&a, &b)| (a as f64 * b as f64).abs())
-                .sum();
+            let scale: f64 = wd.iter().zip(&xd).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
             let got = dot_fn(ty).unwrap()(&wq, &xq, n) as f64;
-            assert!(
-                (got - want).abs() <= 1e-5 * scale + 1e-6,
-                "{ty} × {format:?}, n = {n}: {got} vs {want}"
-            );
+            assert!((got - want).abs() <= 1e-5 * scale + 1e-6, "{ty} × {format:?}, n = {n}: {got} vs {want}");
         }
     }
 }

@@ -35,37 +35,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let mut cache = model.new_cache(ctx);
     let mut scratch = model.new_scratch();
-    println!(
-        "cache for {ctx} positions: up to {:.1} MiB",
-        cache.capacity_bytes() as f64 / (1 << 20) as f64
-    );
+    println!("cache for {ctx} positions: up to {:.1} MiB", cache.capacity_bytes() as f64 / (1 << 20) as f64);
     let t1 = Instant::now();
-    model.forward(
-        &mut [SeqInput {
-            cache: &mut cache,
-            tokens: &[1],
-            logits: LogitsWanted::Last,
-        }],
-        &mut scratch,
-    )?;
-    println!(
-        "first token in {:.1} ms, RSS {:.1} MiB",
-        t1.elapsed().as_secs_f64() * 1e3,
-        rss_mib()
-    );
+    model.forward(&mut [SeqInput { cache: &mut cache, tokens: &[1], logits: LogitsWanted::Last }], &mut scratch)?;
+    println!("first token in {:.1} ms, RSS {:.1} MiB", t1.elapsed().as_secs_f64() * 1e3, rss_mib());
     let t2 = Instant::now();
-    model.forward(
-        &mut [SeqInput {
-            cache: &mut cache,
-            tokens: &[2],
-            logits: LogitsWanted::Last,
-        }],
-        &mut scratch,
-    )?;
-    println!(
-        "second token in {:.1} ms, RSS {:.1} MiB",
-        t2.elapsed().as_secs_f64() * 1e3,
-        rss_mib()
-    );
+    model.forward(&mut [SeqInput { cache: &mut cache, tokens: &[2], logits: LogitsWanted::Last }], &mut scratch)?;
+    println!("second token in {:.1} ms, RSS {:.1} MiB", t2.elapsed().as_secs_f64() * 1e3, rss_mib());
     Ok(())
 }

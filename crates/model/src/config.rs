@@ -114,10 +114,7 @@ pub struct Config {
 
 fn positive(key: &str, v: u32) -> Result<usize, ModelError> {
     if v == 0 {
-        return Err(ModelError::BadHyperparameter {
-            key: key.to_string(),
-            reason: "must be positive".into(),
-        });
+        return Err(ModelError::BadHyperparameter { key: key.to_string(), reason: "must be positive".into() });
     }
     Ok(v as usize)
 }
@@ -128,12 +125,9 @@ impl Config {
         let arch = Arch::parse(md.get_str("general.architecture")?)?;
         let p = arch.name();
         let key = |k: &str| format!("{p}.{k}");
-        let req =
-            |k: &str| -> Result<usize, ModelError> { positive(&key(k), md.get_u32(&key(k))?) };
+        let req = |k: &str| -> Result<usize, ModelError> { positive(&key(k), md.get_u32(&key(k))?) };
         let opt = |k: &str| -> Result<Option<usize>, ModelError> {
-            md.opt_u32(&key(k))?
-                .map(|v| positive(&key(k), v))
-                .transpose()
+            md.opt_u32(&key(k))?.map(|v| positive(&key(k), v)).transpose()
         };
 
         let hidden = req("embedding_length")?;
@@ -167,47 +161,27 @@ impl Config {
 
     fn validate(&self) -> Result<(), ModelError> {
         let p = self.arch.name();
-        let bad = |k: &str, reason: String| {
-            Err(ModelError::BadHyperparameter {
-                key: format!("{p}.{k}"),
-                reason,
-            })
-        };
+        let bad = |k: &str, reason: String| Err(ModelError::BadHyperparameter { key: format!("{p}.{k}"), reason });
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(
                 "attention.head_count_kv",
-                format!(
-                    "{} query heads are not a multiple of {} kv heads",
-                    self.n_heads, self.n_kv_heads
-                ),
+                format!("{} query heads are not a multiple of {} kv heads", self.n_heads, self.n_kv_heads),
             );
         }
         if self.rope.dims > self.head_dim || !self.rope.dims.is_multiple_of(2) {
             return bad(
                 "rope.dimension_count",
-                format!(
-                    "{} must be even and at most the head size {}",
-                    self.rope.dims, self.head_dim
-                ),
+                format!("{} must be even and at most the head size {}", self.rope.dims, self.head_dim),
             );
         }
         if !(self.rms_eps > 0.0 && self.rms_eps < 1.0) {
-            return bad(
-                "attention.layer_norm_rms_epsilon",
-                format!("{} is not a small positive number", self.rms_eps),
-            );
+            return bad("attention.layer_norm_rms_epsilon", format!("{} is not a small positive number", self.rms_eps));
         }
         if !(self.rope.freq_base > 0.0 && self.rope.freq_base.is_finite()) {
-            return bad(
-                "rope.freq_base",
-                format!("{} is not a positive number", self.rope.freq_base),
-            );
+            return bad("rope.freq_base", format!("{} is not a positive number", self.rope.freq_base));
         }
         if self.head_dim > 1024 || self.value_dim > 1024 || !self.head_dim.is_multiple_of(2) {
-            return bad(
-                "attention.key_length",
-                format!("head size {} must be even and at most 1024", self.head_dim),
-            );
+            return bad("attention.key_length", format!("head size {} must be even and at most 1024", self.head_dim));
         }
         // Sizes that would overflow the buffers the forward pass allocates.
         let width = self.n_heads.max(self.n_kv_heads) * self.head_dim.max(self.value_dim);
@@ -237,19 +211,13 @@ impl Config {
 
 /// 1 / factor for linear RoPE scaling; refuses scaling types onebit does not implement.
 fn rope_freq_scale(md: &Metadata, p: &str) -> Result<f32, ModelError> {
-    let kind = md
-        .opt_str(&format!("{p}.rope.scaling.type"))?
-        .unwrap_or("none");
+    let kind = md.opt_str(&format!("{p}.rope.scaling.type"))?.unwrap_or("none");
     // Older converters wrote the linear factor as `rope.scale_linear`.
     let factor = match md.opt_f32(&format!("{p}.rope.scale_linear"))? {
         Some(f) => Some(f),
         None => md.opt_f32(&format!("{p}.rope.scaling.factor"))?,
     };
-    let kind = if kind == "none" && md.contains(&format!("{p}.rope.scale_linear")) {
-        "linear"
-    } else {
-        kind
-    };
+    let kind = if kind == "none" && md.contains(&format!("{p}.rope.scale_linear")) { "linear" } else { kind };
     match kind {
         "none" => Ok(1.0),
         "linear" => match factor {
@@ -260,8 +228,8 @@ fn rope_freq_scale(md: &Metadata, p: &str) -> Result<f32, ModelError> {
             }),
             None => Ok(1.0),
         },
-        other => Err(ModelError::Unsupported(format!(
-            "RoPE scaling type '{other}' (onebit implements none and linear)"
-        ))),
+        other => {
+            Err(ModelError::Unsupported(format!("RoPE scaling type '{other}' (onebit implements none and linear)")))
+        }
     }
 }

@@ -25,18 +25,10 @@ pub enum ModelError {
     MissingTensor(String),
 
     #[error("tensor '{name}' has shape {found:?}, expected {expected:?}")]
-    TensorShape {
-        name: String,
-        found: Vec<u64>,
-        expected: Vec<u64>,
-    },
+    TensorShape { name: String, found: Vec<u64>, expected: Vec<u64> },
 
     #[error("tensor '{name}' has type {ty}, which onebit cannot {what}")]
-    TensorType {
-        name: String,
-        ty: GgmlType,
-        what: &'static str,
-    },
+    TensorType { name: String, ty: GgmlType, what: &'static str },
 
     #[error("tensor '{0}' is not expected in this architecture")]
     UnexpectedTensor(String),
@@ -44,9 +36,7 @@ pub enum ModelError {
     #[error("token id {id} is outside the vocabulary (0..{vocab})")]
     TokenOutOfRange { id: u32, vocab: usize },
 
-    #[error(
-        "position {pos} is past the context size {ctx}: start a new sequence or raise --ctx-size"
-    )]
+    #[error("position {pos} is past the context size {ctx}: start a new sequence or raise --ctx-size")]
     ContextFull { pos: usize, ctx: usize },
 
     #[error("invalid batch: {0}")]

@@ -14,7 +14,7 @@ use crate::config::Config;
 use crate::error::ModelError;
 use crate::kv_cache::{KvCache, KvRow};
 use crate::rope::RopeAngles;
-use crate::weights::{Layer, Weights};
+use crate::weights::{Layer, Weight, Weights};
 
 /// Which logits a sequence wants back from a pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,8 +142,7 @@ impl Net<'_> {
         sc.where_.clear();
         for (s, item) in batch.iter().enumerate() {
             let start = item.cache.len();
-            sc.where_
-                .extend((0..item.tokens.len()).map(|i| (s, start + i)));
+            sc.where_.extend((0..item.tokens.len()).map(|i| (s, start + i)));
         }
         for (t, &(_, pos)) in sc.where_.iter().enumerate() {
             sc.rope[t].set(&c.rope, self.weights.rope_freqs.as_deref(), pos);
@@ -164,9 +163,7 @@ impl Net<'_> {
         let mut n = 0;
         for item in batch {
             if item.tokens.is_empty() {
-                return Err(ModelError::BadBatch(
-                    "a sequence in the batch has no tokens".into(),
-                ));
+                return Err(ModelError::BadBatch("a sequence in the batch has no tokens".into()));
             }
             if let Some(&id) = item.tokens.iter().find(|&&id| id as usize >= vocab) {
                 return Err(ModelError::TokenOutOfRange { id, vocab });
@@ -200,44 +197,27 @@ impl Net<'_> {
     ) -> Result<(), ModelError> {
         let c = self.config;
         let k = self.kernels;
-        for (x, xn) in
-            sc.x.chunks_exact(c.hidden)
-                .zip(sc.xn.chunks_exact_mut(c.hidden))
-                .take(n)
-        {
+        for (x, xn) in sc.x.chunks_exact(c.hidden).zip(sc.xn.chunks_exact_mut(c.hidden)).take(n) {
             k.rms_norm(x, &layer.attn_norm, c.rms_eps, xn);
         }
-        let (q, kk, v) = (
-            &mut sc.q[..n * c.q_dim()],
-            &mut sc.k[..n * c.kv_dim()],
-            &mut sc.v[..n * c.v_dim()],
-        );
+        let (q, kk, v) = (&mut sc.q[..n * c.q_dim()], &mut sc.k[..n * c.kv_dim()], &mut sc.v[..n * c.v_dim()]);
         self.project(
             &sc.xn[..n * c.hidden],
             c.hidden,
-            &[&layer.wq, &layer.wk, &layer.wv],
+            &[&self.mat(&layer.wq), &self.mat(&layer.wk), &self.mat(&layer.wv)],
             &mut [q, kk, v],
             &mut sc.acts,
         )?;
         for t in 0..n {
             self.prepare_qkv(layer, t, sc);
             let (s, pos) = sc.where_[t];
-            let (kt, vt) = (
-                &sc.k[t * c.kv_dim()..(t + 1) * c.kv_dim()],
-                &sc.v[t * c.v_dim()..(t + 1) * c.v_dim()],
-            );
+            let (kt, vt) = (&sc.k[t * c.kv_dim()..(t + 1) * c.kv_dim()], &sc.v[t * c.v_dim()..(t + 1) * c.v_dim()]);
             batch[s].cache.write(l, pos, kt, vt);
         }
         self.attend(l, batch, sc, n);
         let attn_dim = c.n_heads * c.value_dim;
         let out = &mut sc.xn[..n * c.hidden];
-        self.project(
-            &sc.attn[..n * attn_dim],
-            attn_dim,
-            &[&layer.wo],
-            &mut [out],
-            &mut sc.acts,
-        )?;
+        self.project(&sc.attn[..n * attn_dim], attn_dim, &[&self.mat(&layer.wo)], &mut [out], &mut sc.acts)?;
         add_into(&mut sc.x[..n * c.hidden], &sc.xn[..n * c.hidden]);
         Ok(())
     }
@@ -248,11 +228,7 @@ impl Net<'_> {
         let q = &mut sc.q[t * c.q_dim()..(t + 1) * c.q_dim()];
         let k = &mut sc.k[t * c.kv_dim()..(t + 1) * c.kv_dim()];
         let v = &mut sc.v[t * c.v_dim()..(t + 1) * c.v_dim()];
-        for (x, b) in [
-            (&mut *q, &layer.bq),
-            (&mut *k, &layer.bk),
-            (&mut *v, &layer.bv),
-        ] {
+        for (x, b) in [(&mut *q, &layer.bq), (&mut *k, &layer.bk), (&mut *v, &layer.bv)] {
             if let Some(b) = b {
                 add_into(x, b);
             }
@@ -276,11 +252,7 @@ impl Net<'_> {
         let kernels = self.kernels;
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         let caches: Vec<&KvCache> = batch.iter().map(|item| &*item.cache).collect();
-        let longest = sc.where_[..n]
-            .iter()
-            .map(|&(_, p)| p + 1)
-            .max()
-            .unwrap_or(0);
+        let longest = sc.where_[..n].iter().map(|&(_, p)| p + 1).max().unwrap_or(0);
         for s in sc.scores.iter_mut() {
             s.resize(longest, 0.0);
         }
@@ -305,14 +277,12 @@ impl Net<'_> {
                     KvRow::F16(keys) => {
                         round_to_f16(qh);
                         for (j, o) in sc.iter_mut().enumerate() {
-                            *o = kernels.dot_f16(qh, &keys[j * c.head_dim..(j + 1) * c.head_dim])
-                                * scale;
+                            *o = kernels.dot_f16(qh, &keys[j * c.head_dim..(j + 1) * c.head_dim]) * scale;
                         }
                     }
                     KvRow::F32(keys) => {
                         for (j, o) in sc.iter_mut().enumerate() {
-                            *o = kernels.dot_f32(qh, &keys[j * c.head_dim..(j + 1) * c.head_dim])
-                                * scale;
+                            *o = kernels.dot_f32(qh, &keys[j * c.head_dim..(j + 1) * c.head_dim]) * scale;
                         }
                     }
                 }
@@ -342,32 +312,32 @@ impl Net<'_> {
 
     fn mlp_block(&self, layer: &Layer, sc: &mut Scratch, n: usize) -> Result<(), ModelError> {
         let c = self.config;
-        for (x, xn) in
-            sc.x.chunks_exact(c.hidden)
-                .zip(sc.xn.chunks_exact_mut(c.hidden))
-                .take(n)
-        {
+        for (x, xn) in sc.x.chunks_exact(c.hidden).zip(sc.xn.chunks_exact_mut(c.hidden)).take(n) {
             self.kernels.rms_norm(x, &layer.ffn_norm, c.rms_eps, xn);
         }
         let (gate, up) = (&mut sc.gate[..n * c.ffn], &mut sc.up[..n * c.ffn]);
         self.project(
             &sc.xn[..n * c.hidden],
             c.hidden,
-            &[&layer.w_gate, &layer.w_up],
+            &[&self.mat(&layer.w_gate), &self.mat(&layer.w_up)],
             &mut [gate, up],
             &mut sc.acts,
         )?;
-        self.kernels
-            .silu_mul(&mut sc.gate[..n * c.ffn], &sc.up[..n * c.ffn]);
+        self.kernels.silu_mul(&mut sc.gate[..n * c.ffn], &sc.up[..n * c.ffn]);
         self.project(
             &sc.gate[..n * c.ffn],
             c.ffn,
-            &[&layer.w_down],
+            &[&self.mat(&layer.w_down)],
             &mut [&mut sc.xn[..n * c.hidden]],
             &mut sc.acts,
         )?;
         add_into(&mut sc.x[..n * c.hidden], &sc.xn[..n * c.hidden]);
         Ok(())
+    }
+
+    /// A weight for a product (packed on first use where the tier can).
+    fn mat<'w>(&self, w: &'w Weight) -> MatRef<'w> {
+        w.get(self.kernels, self.pool)
     }
 
     /// `outs[i] = input · mats[i]ᵀ`, quantizing the input once per activation format and
@@ -386,8 +356,7 @@ impl Net<'_> {
                 continue;
             }
             let format = ActFormat::for_weights(mats[i].ty)?;
-            self.kernels
-                .quantize_acts(self.pool, mats[i].ty, input, cols, acts)?;
+            self.kernels.quantize_acts(self.pool, mats[i].ty, input, cols, acts)?;
             let group: Vec<usize> = (i..mats.len())
                 .filter(|&j| !done[j] && ActFormat::for_weights(mats[j].ty).ok() == Some(format))
                 .collect();
@@ -418,40 +387,25 @@ impl Net<'_> {
             t += len;
         }
         debug_assert_eq!(t, n);
-        let out_w = self.weights.output();
-        let mut logits = Logits {
-            n_vocab: out_w.rows,
-            data: vec![0.0; rows.len() * out_w.rows],
-            rows: Vec::new(),
-        };
+        let out_w = self.mat(self.weights.output());
+        let mut logits = Logits { n_vocab: out_w.rows, data: vec![0.0; rows.len() * out_w.rows], rows: Vec::new() };
         if rows.is_empty() {
             return Ok(logits);
         }
         // Final norm of just the rows that need logits, packed together.
         for (i, &(_, _, t)) in rows.iter().enumerate() {
-            let (x, xn) = (
-                &sc.x[t * c.hidden..(t + 1) * c.hidden],
-                &mut sc.xn[i * c.hidden..(i + 1) * c.hidden],
-            );
-            self.kernels
-                .rms_norm(x, &self.weights.output_norm, c.rms_eps, xn);
+            let (x, xn) = (&sc.x[t * c.hidden..(t + 1) * c.hidden], &mut sc.xn[i * c.hidden..(i + 1) * c.hidden]);
+            self.kernels.rms_norm(x, &self.weights.output_norm, c.rms_eps, xn);
         }
         let m = rows.len();
-        self.project(
-            &sc.xn[..m * c.hidden],
-            c.hidden,
-            &[out_w],
-            &mut [&mut logits.data],
-            &mut sc.acts,
-        )?;
+        self.project(&sc.xn[..m * c.hidden], c.hidden, &[&out_w], &mut [&mut logits.data], &mut sc.acts)?;
         logits.rows = rows.iter().map(|&(s, i, _)| (s, i)).collect();
         Ok(logits)
     }
 }
 
 fn round_to_f16(x: &mut [f32]) {
-    x.iter_mut()
-        .for_each(|v| *v = half::f16::from_f32(*v).to_f32());
+    x.iter_mut().for_each(|v| *v = half::f16::from_f32(*v).to_f32());
 }
 
 fn add_into(x: &mut [f32], y: &[f32]) {

@@ -99,10 +99,7 @@ impl KvCache {
 
     pub(crate) fn check_room(&self, n: usize) -> Result<(), ModelError> {
         if self.len + n > self.capacity {
-            return Err(ModelError::ContextFull {
-                pos: self.len + n - 1,
-                ctx: self.capacity,
-            });
+            return Err(ModelError::ContextFull { pos: self.len + n - 1, ctx: self.capacity });
         }
         Ok(())
     }
@@ -119,17 +116,9 @@ impl KvCache {
     pub(crate) fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
         for h in 0..self.n_kv_heads {
             let ko = self.offset(h, pos, self.head_dim);
-            store(
-                &mut self.keys[layer],
-                ko,
-                &k[h * self.head_dim..(h + 1) * self.head_dim],
-            );
+            store(&mut self.keys[layer], ko, &k[h * self.head_dim..(h + 1) * self.head_dim]);
             let vo = self.offset(h, pos, self.value_dim);
-            store(
-                &mut self.values[layer],
-                vo,
-                &v[h * self.value_dim..(h + 1) * self.value_dim],
-            );
+            store(&mut self.values[layer], vo, &v[h * self.value_dim..(h + 1) * self.value_dim]);
         }
     }
 
@@ -156,10 +145,7 @@ impl KvCache {
 
 fn store(s: &mut Store, at: usize, x: &[f32]) {
     match s {
-        Store::F16(v) => v[at..at + x.len()]
-            .iter_mut()
-            .zip(x)
-            .for_each(|(o, &x)| *o = f16::from_f32(x).to_bits()),
+        Store::F16(v) => v[at..at + x.len()].iter_mut().zip(x).for_each(|(o, &x)| *o = f16::from_f32(x).to_bits()),
         Store::F32(v) => v[at..at + x.len()].copy_from_slice(x),
     }
 }

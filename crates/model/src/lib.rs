@@ -57,13 +57,7 @@ pub struct Model {
 
 impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Model({:?}, {} layers, kernels {})",
-            self.config.arch,
-            self.config.n_layers,
-            self.kernels.tier()
-        )
+        write!(f, "Model({:?}, {} layers, kernels {})", self.config.arch, self.config.n_layers, self.kernels.tier())
     }
 }
 
@@ -81,19 +75,8 @@ impl Model {
         };
         let mut config = Config::from_metadata(&file.metadata())?;
         let weights = weights::Weights::load(&file, &mut config, kernels)?;
-        let threads = if options.threads == 0 {
-            Pool::default_threads()
-        } else {
-            options.threads
-        };
-        Ok(Model {
-            weights,
-            config,
-            kernels,
-            pool: Mutex::new(Pool::new(threads)),
-            kv_type: options.kv_type,
-            file,
-        })
+        let threads = if options.threads == 0 { Pool::default_threads() } else { options.threads };
+        Ok(Model { weights, config, kernels, pool: Mutex::new(Pool::new(threads)), kv_type: options.kv_type, file })
     }
 
     pub fn config(&self) -> &Config {
@@ -115,11 +98,7 @@ impl Model {
 
     /// A cache for one sequence of up to `capacity` positions (0: the model's trained context).
     pub fn new_cache(&self, capacity: usize) -> KvCache {
-        let capacity = if capacity == 0 {
-            self.config.context_length
-        } else {
-            capacity
-        };
+        let capacity = if capacity == 0 { self.config.context_length } else { capacity };
         KvCache::new(&self.config, capacity, self.kv_type)
     }
 
@@ -130,18 +109,9 @@ impl Model {
 
     /// Run a batch: append each sequence's tokens to its cache and return the logits asked for.
     /// One pass at a time runs on the model's threads; concurrent callers wait their turn.
-    pub fn forward(
-        &self,
-        batch: &mut [SeqInput],
-        scratch: &mut Scratch,
-    ) -> Result<Logits, ModelError> {
+    pub fn forward(&self, batch: &mut [SeqInput], scratch: &mut Scratch) -> Result<Logits, ModelError> {
         let pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
-        let net = forward::Net {
-            config: &self.config,
-            weights: &self.weights,
-            kernels: self.kernels,
-            pool: &pool,
-        };
+        let net = forward::Net { config: &self.config, weights: &self.weights, kernels: self.kernels, pool: &pool };
         net.forward(batch, scratch)
     }
 }

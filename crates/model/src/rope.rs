@@ -12,10 +12,7 @@ pub(crate) struct RopeAngles {
 
 impl RopeAngles {
     pub fn new(rope: &RopeConfig) -> RopeAngles {
-        RopeAngles {
-            cos: vec![0.0; rope.dims / 2],
-            sin: vec![0.0; rope.dims / 2],
-        }
+        RopeAngles { cos: vec![0.0; rope.dims / 2], sin: vec![0.0; rope.dims / 2] }
     }
 
     /// Fill in the angles for position `pos`.
@@ -60,12 +57,7 @@ mod tests {
     #[test]
     fn position_zero_is_identity_and_rotation_preserves_norm() {
         for style in [RopeStyle::Normal, RopeStyle::Neox] {
-            let rope = RopeConfig {
-                style,
-                dims: 8,
-                freq_base: 10_000.0,
-                freq_scale: 1.0,
-            };
+            let rope = RopeConfig { style, dims: 8, freq_base: 10_000.0, freq_scale: 1.0 };
             let mut a = RopeAngles::new(&rope);
             let x0: Vec<f32> = (0..10).map(|i| i as f32 * 0.3 - 1.0).collect();
             let mut x = x0.clone();

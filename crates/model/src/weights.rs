@@ -5,10 +5,56 @@
 //! Only vectors (norm weights, biases, RoPE frequency factors) are converted to f32 at load.
 
 use std::collections::HashSet;
+use std::sync::OnceLock;
 
 use onebit_gguf::{GgmlType, GgufModel, Tensor};
 use onebit_kernels::formats::{can_dequantize, dequantize};
-use onebit_kernels::{Kernels, MatRef};
+use onebit_kernels::{Kernels, MatRef, PackedMat, Pool};
+
+/// A matrix as mapped from the file, and — made on first use where the kernel tier has a
+/// repacked layout for its type — that layout, which then replaces the file's pages in memory.
+pub(crate) struct Weight {
+    raw: MatRef<'static>,
+    packed: OnceLock<Option<PackedMat>>,
+}
+
+impl Weight {
+    fn new(raw: MatRef<'static>) -> Weight {
+        Weight { raw, packed: OnceLock::new() }
+    }
+
+    /// The matrix for a product, packed on first use when the tier can.
+    pub fn get(&self, kernels: Kernels, pool: &Pool) -> MatRef<'_> {
+        let packed = self.packed.get_or_init(|| {
+            let p = kernels.pack(pool, &self.raw);
+            if p.is_some() {
+                release_pages(self.raw.data);
+            }
+            p
+        });
+        self.raw.with_packed(packed.as_ref())
+    }
+}
+
+/// Tell the kernel it may drop the file pages of `data` (they are re-read if touched again):
+/// once a matrix is repacked, its mapped copy would only double the resident memory.
+fn release_pages(data: &[u8]) {
+    #[cfg(unix)]
+    {
+        const PAGE: usize = 4096;
+        let start = (data.as_ptr() as usize).next_multiple_of(PAGE);
+        let end = (data.as_ptr() as usize + data.len()) / PAGE * PAGE;
+        if end > start {
+            // SAFETY: the range lies inside a read-only file mapping we own; MADV_DONTNEED on it
+            // only drops pages, whose contents are read back from the file on the next access.
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = data;
+}
 
 use crate::config::{Config, Need};
 use crate::error::ModelError;
@@ -16,25 +62,27 @@ use crate::error::ModelError;
 /// One transformer block.
 pub(crate) struct Layer {
     pub attn_norm: Vec<f32>,
-    pub wq: MatRef<'static>,
-    pub wk: MatRef<'static>,
-    pub wv: MatRef<'static>,
-    pub wo: MatRef<'static>,
+    pub wq: Weight,
+    pub wk: Weight,
+    pub wv: Weight,
+    pub wo: Weight,
     pub bq: Option<Vec<f32>>,
     pub bk: Option<Vec<f32>>,
     pub bv: Option<Vec<f32>>,
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
-    pub w_gate: MatRef<'static>,
-    pub w_up: MatRef<'static>,
-    pub w_down: MatRef<'static>,
+    pub w_gate: Weight,
+    pub w_up: Weight,
+    pub w_down: Weight,
 }
 
 pub(crate) struct Weights {
     pub embedding: MatRef<'static>,
     /// `None` when the output projection is tied to the embedding.
-    pub output: Option<MatRef<'static>>,
+    pub output: Option<Weight>,
+    /// The embedding used as the output projection (when tied).
+    tied_output: Weight,
     pub output_norm: Vec<f32>,
     pub rope_freqs: Option<Vec<f32>>,
     pub layers: Vec<Layer>,
@@ -48,12 +96,7 @@ struct Table<'a> {
 }
 
 impl<'a> Table<'a> {
-    fn find(
-        &mut self,
-        name: &str,
-        shape: &[usize],
-        need: Need,
-    ) -> Result<Option<Tensor<'a>>, ModelError> {
+    fn find(&mut self, name: &str, shape: &[usize], need: Need) -> Result<Option<Tensor<'a>>, ModelError> {
         let t = match (self.file.tensor(name), need) {
             (Some(_), Need::Absent) => return Err(ModelError::UnexpectedTensor(name.into())),
             (None, Need::Required) => return Err(ModelError::MissingTensor(name.into())),
@@ -62,11 +105,7 @@ impl<'a> Table<'a> {
         };
         let expected: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
         if t.shape() != expected.as_slice() {
-            return Err(ModelError::TensorShape {
-                name: name.into(),
-                found: t.shape().to_vec(),
-                expected,
-            });
+            return Err(ModelError::TensorShape { name: name.into(), found: t.shape().to_vec(), expected });
         }
         self.used.insert(name.to_string());
         Ok(Some(t))
@@ -84,46 +123,24 @@ impl<'a> Table<'a> {
             return Ok(None);
         };
         if !self.kernels.supports(t.ggml_type()) {
-            return Err(ModelError::TensorType {
-                name: name.into(),
-                ty: t.ggml_type(),
-                what: "multiply",
-            });
+            return Err(ModelError::TensorType { name: name.into(), ty: t.ggml_type(), what: "multiply" });
         }
         Ok(Some(extend(MatRef::from_tensor(&t)?)))
     }
 
-    fn required_matrix(
-        &mut self,
-        name: &str,
-        cols: usize,
-        rows: usize,
-    ) -> Result<MatRef<'static>, ModelError> {
-        Ok(self
-            .matrix(name, cols, rows, Need::Required)?
-            .expect("required"))
+    fn required_matrix(&mut self, name: &str, cols: usize, rows: usize) -> Result<Weight, ModelError> {
+        Ok(Weight::new(self.matrix(name, cols, rows, Need::Required)?.expect("required")))
     }
 
+
     /// A vector, converted to f32.
-    fn vector(
-        &mut self,
-        name: &str,
-        len: usize,
-        need: Need,
-    ) -> Result<Option<Vec<f32>>, ModelError> {
+    fn vector(&mut self, name: &str, len: usize, need: Need) -> Result<Option<Vec<f32>>, ModelError> {
         let Some(t) = self.find(name, &[len], need)? else {
             return Ok(None);
         };
         let mut out = vec![0f32; len];
-        if !matches!(
-            t.ggml_type(),
-            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16
-        ) {
-            return Err(ModelError::TensorType {
-                name: name.into(),
-                ty: t.ggml_type(),
-                what: "use as a vector",
-            });
+        if !matches!(t.ggml_type(), GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+            return Err(ModelError::TensorType { name: name.into(), ty: t.ggml_type(), what: "use as a vector" });
         }
         dequantize(t.ggml_type(), t.data(), &mut out)?;
         Ok(Some(out))
@@ -145,25 +162,14 @@ fn extend(m: MatRef<'_>) -> MatRef<'static> {
 
 impl Weights {
     /// Find, check and map every tensor of `config`'s architecture. Fills in `vocab_size`.
-    pub fn load(
-        file: &GgufModel,
-        config: &mut Config,
-        kernels: Kernels,
-    ) -> Result<Weights, ModelError> {
-        let mut tab = Table {
-            file,
-            kernels,
-            used: HashSet::new(),
-        };
+    pub fn load(file: &GgufModel, config: &mut Config, kernels: Kernels) -> Result<Weights, ModelError> {
+        let mut tab = Table { file, kernels, used: HashSet::new() };
         let h = config.hidden;
-        let embd = file
-            .tensor("token_embd.weight")
-            .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
+        let embd =
+            file.tensor("token_embd.weight").ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
         let vocab = embd.dim(1) as usize;
         config.vocab_size = vocab;
-        let et = tab
-            .find("token_embd.weight", &[h, vocab], Need::Required)?
-            .expect("required");
+        let et = tab.find("token_embd.weight", &[h, vocab], Need::Required)?.expect("required");
         if !can_dequantize(et.ggml_type()) {
             return Err(ModelError::TensorType {
                 name: "token_embd.weight".into(),
@@ -172,7 +178,7 @@ impl Weights {
             });
         }
         let embedding = extend(MatRef::from_tensor(&et)?);
-        let output = tab.matrix("output.weight", h, vocab, Need::Optional)?;
+        let output = tab.matrix("output.weight", h, vocab, Need::Optional)?.map(Weight::new);
         if output.is_none() && !kernels.supports(embedding.ty) {
             return Err(ModelError::TensorType {
                 name: "token_embd.weight".into(),
@@ -182,25 +188,17 @@ impl Weights {
         }
         let output_norm = tab.required_vector("output_norm.weight", h)?;
         let rope_freqs = tab.vector("rope_freqs.weight", config.rope.dims / 2, Need::Optional)?;
-        let layers = (0..config.n_layers)
-            .map(|i| load_layer(&mut tab, config, i))
-            .collect::<Result<Vec<_>, _>>()?;
+        let layers = (0..config.n_layers).map(|i| load_layer(&mut tab, config, i)).collect::<Result<Vec<_>, _>>()?;
 
         if let Some(extra) = file.tensors().find(|t| !tab.used.contains(t.name())) {
             return Err(ModelError::UnexpectedTensor(extra.name().to_string()));
         }
-        Ok(Weights {
-            embedding,
-            output,
-            output_norm,
-            rope_freqs,
-            layers,
-        })
+        Ok(Weights { embedding, output, tied_output: Weight::new(embedding), output_norm, rope_freqs, layers })
     }
 
     /// The output projection (the embedding when tied).
-    pub fn output(&self) -> &MatRef<'static> {
-        self.output.as_ref().unwrap_or(&self.embedding)
+    pub fn output(&self) -> &Weight {
+        self.output.as_ref().unwrap_or(&self.tied_output)
     }
 }
 
@@ -226,9 +224,7 @@ fn load_layer(tab: &mut Table, c: &Config, i: usize) -> Result<Layer, ModelError
     };
     // Optional biases come in complete sets or not at all.
     if layer.bq.is_some() != layer.bk.is_some() || layer.bk.is_some() != layer.bv.is_some() {
-        return Err(ModelError::Unsupported(format!(
-            "layer {i} has biases on only some of q, k, v"
-        )));
+        return Err(ModelError::Unsupported(format!("layer {i} has biases on only some of q, k, v")));
     }
     Ok(layer)
 }

@@ -14,15 +14,7 @@ struct Spec {
     vocab: usize,
 }
 
-const TINY: Spec = Spec {
-    arch: "llama",
-    hidden: 64,
-    heads: 4,
-    kv_heads: 2,
-    head_dim: 32,
-    ffn: 96,
-    vocab: 50,
-};
+const TINY: Spec = Spec { arch: "llama", hidden: 64, heads: 4, kv_heads: 2, head_dim: 32, ffn: 96, vocab: 50 };
 
 fn floats(n: usize, seed: u32) -> Vec<u8> {
     let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
@@ -31,9 +23,7 @@ fn floats(n: usize, seed: u32) -> Vec<u8> {
             s ^= s << 13;
             s ^= s >> 17;
             s ^= s << 5;
-            ((s % 2000) as f32 / 1000.0 - 1.0)
-                .mul_add(0.1, 0.0)
-                .to_le_bytes()
+            ((s % 2000) as f32 / 1000.0 - 1.0).mul_add(0.1, 0.0).to_le_bytes()
         })
         .collect()
 }
@@ -45,43 +35,17 @@ fn build(spec: &Spec, extra: impl FnOnce(&mut GgufWriter<'static>)) -> Result<Mo
     w.set("general.architecture", OwnedValue::string(a));
     w.set(format!("{a}.block_count"), OwnedValue::U32(1));
     w.set(format!("{a}.context_length"), OwnedValue::U32(128));
-    w.set(
-        format!("{a}.embedding_length"),
-        OwnedValue::U32(spec.hidden as u32),
-    );
-    w.set(
-        format!("{a}.feed_forward_length"),
-        OwnedValue::U32(spec.ffn as u32),
-    );
-    w.set(
-        format!("{a}.attention.head_count"),
-        OwnedValue::U32(spec.heads as u32),
-    );
-    w.set(
-        format!("{a}.attention.head_count_kv"),
-        OwnedValue::U32(spec.kv_heads as u32),
-    );
-    w.set(
-        format!("{a}.attention.key_length"),
-        OwnedValue::U32(spec.head_dim as u32),
-    );
-    w.set(
-        format!("{a}.attention.value_length"),
-        OwnedValue::U32(spec.head_dim as u32),
-    );
-    w.set(
-        format!("{a}.attention.layer_norm_rms_epsilon"),
-        OwnedValue::F32(1e-5),
-    );
-    let (h, q, kv) = (
-        spec.hidden as u64,
-        (spec.heads * spec.head_dim) as u64,
-        (spec.kv_heads * spec.head_dim) as u64,
-    );
+    w.set(format!("{a}.embedding_length"), OwnedValue::U32(spec.hidden as u32));
+    w.set(format!("{a}.feed_forward_length"), OwnedValue::U32(spec.ffn as u32));
+    w.set(format!("{a}.attention.head_count"), OwnedValue::U32(spec.heads as u32));
+    w.set(format!("{a}.attention.head_count_kv"), OwnedValue::U32(spec.kv_heads as u32));
+    w.set(format!("{a}.attention.key_length"), OwnedValue::U32(spec.head_dim as u32));
+    w.set(format!("{a}.attention.value_length"), OwnedValue::U32(spec.head_dim as u32));
+    w.set(format!("{a}.attention.layer_norm_rms_epsilon"), OwnedValue::F32(1e-5));
+    let (h, q, kv) = (spec.hidden as u64, (spec.heads * spec.head_dim) as u64, (spec.kv_heads * spec.head_dim) as u64);
     let mut t = |name: &str, shape: &[u64], seed: u32| {
         let n: u64 = shape.iter().product();
-        w.add_tensor(name, GgmlType::F32, shape, floats(n as usize, seed))
-            .unwrap();
+        w.add_tensor(name, GgmlType::F32, shape, floats(n as usize, seed)).unwrap();
     };
     t("token_embd.weight", &[h, spec.vocab as u64], 1);
     t("output_norm.weight", &[h], 2);
@@ -96,13 +60,7 @@ fn build(spec: &Spec, extra: impl FnOnce(&mut GgufWriter<'static>)) -> Result<Mo
     t("blk.0.ffn_down.weight", &[spec.ffn as u64, h], 11);
     extra(&mut w);
     let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
-    Model::from_gguf(
-        GgufModel::from_file(file),
-        &ModelOptions {
-            threads: 1,
-            ..Default::default()
-        },
-    )
+    Model::from_gguf(GgufModel::from_file(file), &ModelOptions { threads: 1, ..Default::default() })
 }
 
 #[test]
@@ -114,11 +72,7 @@ fn a_hand_built_model_runs() {
     assert_eq!(c.capacity(), 128, "0 means the trained context");
     let out = m
         .forward(
-            &mut [SeqInput {
-                cache: &mut c,
-                tokens: &[1, 2, 3],
-                logits: LogitsWanted::Last,
-            }],
+            &mut [SeqInput { cache: &mut c, tokens: &[1, 2, 3], logits: LogitsWanted::Last }],
             &mut m.new_scratch(),
         )
         .unwrap();
@@ -141,68 +95,29 @@ fn unknown_architectures_list_the_supported_ones() {
     .err()
     .unwrap()
     .to_string();
-    assert!(
-        e.contains("unknown architecture 'gpt-neox'") && e.contains("llama, mistral, qwen2, qwen3"),
-        "{e}"
-    );
+    assert!(e.contains("unknown architecture 'gpt-neox'") && e.contains("llama, mistral, qwen2, qwen3"), "{e}");
 }
 
 #[test]
 fn missing_and_misshapen_tensors_are_named() {
-    let e = build(
-        &Spec {
-            arch: "qwen2",
-            ..TINY
-        },
-        |_| {},
-    )
-    .err()
-    .unwrap()
-    .to_string();
-    assert!(
-        e.contains("blk.0.attn_q.bias") && e.contains("missing"),
-        "qwen2 needs q/k/v biases: {e}"
-    );
-    let e = build(
-        &Spec {
-            arch: "qwen3",
-            ..TINY
-        },
-        |_| {},
-    )
-    .err()
-    .unwrap()
-    .to_string();
-    assert!(
-        e.contains("blk.0.attn_q_norm.weight"),
-        "qwen3 needs q/k norms: {e}"
-    );
+    let e = build(&Spec { arch: "qwen2", ..TINY }, |_| {}).err().unwrap().to_string();
+    assert!(e.contains("blk.0.attn_q.bias") && e.contains("missing"), "qwen2 needs q/k/v biases: {e}");
+    let e = build(&Spec { arch: "qwen3", ..TINY }, |_| {}).err().unwrap().to_string();
+    assert!(e.contains("blk.0.attn_q_norm.weight"), "qwen3 needs q/k norms: {e}");
     let e = build(&TINY, |w| {
-        w.add_tensor(
-            "blk.0.ffn_gate_inp.weight",
-            GgmlType::F32,
-            &[64, 8],
-            floats(512, 3),
-        )
-        .unwrap();
+        w.add_tensor("blk.0.ffn_gate_inp.weight", GgmlType::F32, &[64, 8], floats(512, 3)).unwrap();
     })
     .err()
     .unwrap()
     .to_string();
-    assert!(
-        e.contains("blk.0.ffn_gate_inp.weight") && e.contains("not expected"),
-        "{e}"
-    );
+    assert!(e.contains("blk.0.ffn_gate_inp.weight") && e.contains("not expected"), "{e}");
     let e = build(&TINY, |w| {
         w.set("llama.feed_forward_length", OwnedValue::U32(100));
     })
     .err()
     .unwrap()
     .to_string();
-    assert!(
-        e.contains("blk.0.ffn_gate.weight") && e.contains("shape"),
-        "{e}"
-    );
+    assert!(e.contains("blk.0.ffn_gate.weight") && e.contains("shape"), "{e}");
 }
 
 #[test]
@@ -232,10 +147,7 @@ fn llama3_rope_frequency_factors_are_used() {
             "rope_freqs.weight",
             GgmlType::F32,
             &[16],
-            [4.0f32; 16]
-                .iter()
-                .flat_map(|f| f.to_le_bytes())
-                .collect::<Vec<_>>(),
+            [4.0f32; 16].iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<_>>(),
         )
         .unwrap();
     })
@@ -243,11 +155,7 @@ fn llama3_rope_frequency_factors_are_used() {
     let run = |m: &Model| {
         let mut c = m.new_cache(16);
         m.forward(
-            &mut [SeqInput {
-                cache: &mut c,
-                tokens: &[1, 2, 3],
-                logits: LogitsWanted::Last,
-            }],
+            &mut [SeqInput { cache: &mut c, tokens: &[1, 2, 3], logits: LogitsWanted::Last }],
             &mut m.new_scratch(),
         )
         .unwrap()
@@ -273,8 +181,5 @@ fn bad_hyperparameters_are_refused() {
     .err()
     .unwrap()
     .to_string();
-    assert!(
-        e.contains("llama.block_count") && e.contains("positive"),
-        "{e}"
-    );
+    assert!(e.contains("llama.block_count") && e.contains("positive"), "{e}");
 }

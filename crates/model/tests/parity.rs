@@ -19,20 +19,12 @@ fn position_error(ours: &[f32], pos: &Value) -> f64 {
         .as_array()
         .unwrap()
         .iter()
-        .map(|e| {
-            (ours[e[0].as_u64().unwrap() as usize] as f64 - e[1].as_f64().unwrap()).abs() / std
-        })
+        .map(|e| (ours[e[0].as_u64().unwrap() as usize] as f64 - e[1].as_f64().unwrap()).abs() / std)
         .fold(0.0, f64::max)
 }
 
 fn argmax(x: &[f32]) -> usize {
-    x.iter()
-        .enumerate()
-        .fold(
-            (0, f32::NEG_INFINITY),
-            |b, (i, &v)| if v > b.1 { (i, v) } else { b },
-        )
-        .0
+    x.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0
 }
 
 /// Margin between the best and second-best logit, over the std of all logits.
@@ -55,8 +47,7 @@ impl Stats {
     fn add(&mut self, ours: &[f32], pos: &Value) {
         self.errors.push(position_error(ours, pos));
         let top = pos["top"].as_array().unwrap();
-        let margin = (top[0][1].as_f64().unwrap() - top[1][1].as_f64().unwrap())
-            / pos["std"].as_f64().unwrap();
+        let margin = (top[0][1].as_f64().unwrap() - top[1][1].as_f64().unwrap()) / pos["std"].as_f64().unwrap();
         if margin > 0.1 {
             self.top1_checked += 1;
             self.top1_agree += (argmax(ours) as u64 == pos["argmax"].as_u64().unwrap()) as usize;
@@ -84,25 +75,14 @@ fn check_model(fixture: &str, model_path: Option<PathBuf>, exact: &[usize]) {
     let mut scratch = model.new_scratch();
     let name = fx["model"].as_str().unwrap();
     for (pi, prompt) in fx["prompts"].as_array().unwrap().iter().enumerate() {
-        let tokens: Vec<u32> = prompt["tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_u64().unwrap() as u32)
-            .collect();
+        let tokens: Vec<u32> =
+            prompt["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
         let positions = prompt["positions"].as_array().unwrap();
 
         // Batch: every position in one pass.
         let mut cache = model.new_cache(2048);
         let logits = model
-            .forward(
-                &mut [SeqInput {
-                    cache: &mut cache,
-                    tokens: &tokens,
-                    logits: LogitsWanted::All,
-                }],
-                &mut scratch,
-            )
+            .forward(&mut [SeqInput { cache: &mut cache, tokens: &tokens, logits: LogitsWanted::All }], &mut scratch)
             .unwrap();
         let mut batch = Stats::default();
         for (i, pos) in positions.iter().enumerate() {
@@ -116,23 +96,14 @@ fn check_model(fixture: &str, model_path: Option<PathBuf>, exact: &[usize]) {
         for (i, &tok) in tokens.iter().enumerate() {
             let l = model
                 .forward(
-                    &mut [SeqInput {
-                        cache: &mut cache,
-                        tokens: &[tok],
-                        logits: LogitsWanted::Last,
-                    }],
+                    &mut [SeqInput { cache: &mut cache, tokens: &[tok], logits: LogitsWanted::Last }],
                     &mut scratch,
                 )
                 .unwrap();
             last = l.last(0).unwrap().to_vec();
             decode.add(&last, &positions[i]);
         }
-        let want: Vec<u64> = prompt["greedy"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_u64().unwrap())
-            .collect();
+        let want: Vec<u64> = prompt["greedy"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
         let (mut compared, mut agreed) = (0, 0);
         for &w in &want {
             let next = argmax(&last);
@@ -146,11 +117,7 @@ fn check_model(fixture: &str, model_path: Option<PathBuf>, exact: &[usize]) {
             agreed += 1;
             let l = model
                 .forward(
-                    &mut [SeqInput {
-                        cache: &mut cache,
-                        tokens: &[next as u32],
-                        logits: LogitsWanted::Last,
-                    }],
+                    &mut [SeqInput { cache: &mut cache, tokens: &[next as u32], logits: LogitsWanted::Last }],
                     &mut scratch,
                 )
                 .unwrap();
@@ -171,31 +138,13 @@ fn check_model(fixture: &str, model_path: Option<PathBuf>, exact: &[usize]) {
             want.len()
         );
         for (label, s) in [("batch", &batch), ("decode", &decode)] {
-            assert!(
-                s.max() <= 0.5,
-                "{name} prompt {pi} {label}: max error {:.4} > 0.5 std",
-                s.max()
-            );
-            assert!(
-                s.mean() <= 0.15,
-                "{name} prompt {pi} {label}: mean error {:.4} > 0.15 std",
-                s.mean()
-            );
-            assert_eq!(
-                s.top1_agree, s.top1_checked,
-                "{name} prompt {pi} {label}: top-1 disagrees"
-            );
+            assert!(s.max() <= 0.5, "{name} prompt {pi} {label}: max error {:.4} > 0.5 std", s.max());
+            assert!(s.mean() <= 0.15, "{name} prompt {pi} {label}: mean error {:.4} > 0.15 std", s.mean());
+            assert_eq!(s.top1_agree, s.top1_checked, "{name} prompt {pi} {label}: top-1 disagrees");
         }
-        assert_eq!(
-            agreed, compared,
-            "{name} prompt {pi}: greedy continuation diverges at step {agreed}"
-        );
+        assert_eq!(agreed, compared, "{name} prompt {pi}: greedy continuation diverges at step {agreed}");
         if exact.contains(&pi) {
-            assert_eq!(
-                agreed,
-                want.len(),
-                "{name} prompt {pi}: the whole greedy continuation must match"
-            );
+            assert_eq!(agreed, want.len(), "{name} prompt {pi}: the whole greedy continuation must match");
         }
     }
 }
@@ -229,9 +178,5 @@ parity! {
 
 #[test]
 fn smollm2_135m_instruct_q4_1() {
-    check_model(
-        "logits-SmolLM2-135M-Instruct.Q4_1.json",
-        onebit_testkit::demo_model(),
-        &[0],
-    );
+    check_model("logits-SmolLM2-135M-Instruct.Q4_1.json", onebit_testkit::demo_model(), &[0]);
 }

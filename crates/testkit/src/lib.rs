@@ -8,10 +8,7 @@ use std::path::{Path, PathBuf};
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("workspace root")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("workspace root")
 }
 
 fn in_ci() -> bool {
@@ -24,13 +21,8 @@ pub fn shared() -> Option<PathBuf> {
     if dir.is_dir() {
         return Some(dir.canonicalize().unwrap_or(dir));
     }
-    assert!(
-        !in_ci(),
-        "../shared is missing: CI must run with the shared reference folder beside the checkout"
-    );
-    eprintln!(
-        "skipping: ../shared (the reference models and fixtures) is not beside the workspace"
-    );
+    assert!(!in_ci(), "../shared is missing: CI must run with the shared reference folder beside the checkout");
+    eprintln!("skipping: ../shared (the reference models and fixtures) is not beside the workspace");
     None
 }
 
@@ -42,8 +34,7 @@ pub fn shared_file(rel: &str) -> Option<PathBuf> {
 /// Parse a JSON fixture under `../shared/fixtures`.
 pub fn fixture(name: &str) -> Option<serde_json::Value> {
     let path = shared()?.join("fixtures").join(name);
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     Some(serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display())))
 }
 
@@ -88,10 +79,7 @@ pub fn demo_model() -> Option<PathBuf> {
     if let Some(p) = path.as_ref().filter(|p| p.is_file()) {
         return Some(p.clone());
     }
-    assert!(
-        !in_ci(),
-        "{DEMO_MODEL} is not in onebit's cache: `make fetch-model` puts it there"
-    );
+    assert!(!in_ci(), "{DEMO_MODEL} is not in onebit's cache: `make fetch-model` puts it there");
     eprintln!("skipping: {DEMO_MODEL} is not in onebit's cache (run `make fetch-model`)");
     None
 }

@@ -42,14 +42,12 @@ fn family_of(pre: &str) -> Option<PreFamily> {
     use PreFamily::*;
     Some(match pre {
         "default" => Default,
-        "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de"
-        | "a.x-4.0" | "mellum" | "mpt" | "olmo" | "jais" | "exaone4" => Gpt2,
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
-        | "lfm2" | "dbrx" | "smaug-bpe" => Llama3,
+        "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0" | "mellum"
+        | "mpt" | "olmo" | "jais" | "exaone4" => Gpt2,
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2" | "dbrx"
+        | "smaug-bpe" => Llama3,
         "qwen2" | "deepseek-r1-qwen" | "kormo" | "megrez" | "stablelm2" | "hunyuan" => Qwen2,
-        "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => {
-            StarCoder
-        }
+        "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => StarCoder,
         "deepseek-llm" => DeepseekLlm,
         "deepseek-coder" => DeepseekCoder,
         "falcon" => Falcon,
@@ -120,8 +118,7 @@ pub(crate) fn byte_chars() -> [char; 256] {
     let mut out = ['\0'; 256];
     let mut n = 0u32;
     for b in 0u32..256 {
-        let printable =
-            (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+        let printable = (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
         let c = if printable {
             b
         } else {
@@ -144,16 +141,11 @@ pub(crate) fn unicode_to_byte() -> [Option<u8>; 0x144] {
 
 impl Bpe {
     pub(crate) fn new(vocab: &Vocab, merges: &[&str]) -> Result<Bpe, TokenizerError> {
-        let crate::vocab::Kind::Bpe { pre } = &vocab.kind else {
-            unreachable!("BPE vocabulary")
-        };
+        let crate::vocab::Kind::Bpe { pre } = &vocab.kind else { unreachable!("BPE vocabulary") };
         let family = family_of(pre).ok_or_else(|| TokenizerError::UnknownPre(pre.clone()))?;
         let splitters = regexes(family)
             .into_iter()
-            .map(|re| {
-                Regex::new(re)
-                    .map_err(|e| TokenizerError::Invalid(format!("pre-tokenizer regex: {e}")))
-            })
+            .map(|re| Regex::new(re).map_err(|e| TokenizerError::Invalid(format!("pre-tokenizer regex: {e}"))))
             .collect::<Result<Vec<_>, _>>()?;
         let byte_chars = byte_chars();
         let mut byte_ids = [None; 256];
@@ -220,10 +212,7 @@ impl Bpe {
                 return;
             }
         }
-        let ids: Vec<u32> = word
-            .bytes()
-            .filter_map(|b| self.byte_ids[b as usize])
-            .collect();
+        let ids: Vec<u32> = word.bytes().filter_map(|b| self.byte_ids[b as usize]).collect();
         merge(&ids, &self.merges, out);
     }
 }
@@ -283,13 +272,7 @@ fn merge(ids: &[u32], merges: &FxHashMap<(u32, u32), (u32, u32)>, out: &mut Vec<
     let mut heap = BinaryHeap::new();
     let push = |heap: &mut BinaryHeap<Candidate>, l: usize, r: usize, a: u32, b: u32| {
         if let Some(&(rank, _)) = merges.get(&(a, b)) {
-            heap.push(Candidate {
-                rank,
-                left: l,
-                right: r,
-                left_id: a,
-                right_id: b,
-            });
+            heap.push(Candidate { rank, left: l, right: r, left_id: a, right_id: b });
         }
     };
     for i in 0..n - 1 {
@@ -297,10 +280,7 @@ fn merge(ids: &[u32], merges: &FxHashMap<(u32, u32), (u32, u32)>, out: &mut Vec<
     }
     while let Some(c) = heap.pop() {
         // Stale if either side has changed since this pair was queued.
-        if sym[c.left] != Some(c.left_id)
-            || sym[c.right] != Some(c.right_id)
-            || next[c.left] != c.right
-        {
+        if sym[c.left] != Some(c.left_id) || sym[c.right] != Some(c.right_id) || next[c.left] != c.right {
             continue;
         }
         let merged = merges[&(c.left_id, c.right_id)].1;
@@ -350,9 +330,7 @@ mod tests {
     fn merges_lowest_rank_first_then_leftmost() {
         // a=0 b=1 c=2 ab=3 bc=4 abc=5; ranks: (b,c) before (a,b).
         let merges: FxHashMap<(u32, u32), (u32, u32)> =
-            [((1, 2), (0, 4)), ((0, 1), (1, 3)), ((0, 4), (2, 5))]
-                .into_iter()
-                .collect();
+            [((1, 2), (0, 4)), ((0, 1), (1, 3)), ((0, 4), (2, 5))].into_iter().collect();
         let mut out = Vec::new();
         merge(&[0, 1, 2], &merges, &mut out);
         assert_eq!(out, [5]);

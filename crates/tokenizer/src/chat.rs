@@ -33,20 +33,13 @@ impl ChatRequest {
     /// Read a request object: `{"messages": [...], "tools": [...], "add_generation_prompt": bool, ...}`.
     /// Keys other than these become template variables (`bos_token`/`eos_token` included).
     pub fn from_json(v: &Json) -> Result<ChatRequest, TokenizerError> {
-        let obj = v
-            .as_object()
-            .ok_or_else(|| TokenizerError::Template("a request must be a JSON object".into()))?;
+        let obj = v.as_object().ok_or_else(|| TokenizerError::Template("a request must be a JSON object".into()))?;
         let messages = obj
             .get("messages")
             .and_then(Json::as_array)
             .cloned()
-            .ok_or_else(|| {
-                TokenizerError::Template("a request needs a \"messages\" array".into())
-            })?;
-        let mut req = ChatRequest {
-            messages,
-            ..ChatRequest::default()
-        };
+            .ok_or_else(|| TokenizerError::Template("a request needs a \"messages\" array".into()))?;
+        let mut req = ChatRequest { messages, ..ChatRequest::default() };
         for (k, v) in obj {
             match k.as_str() {
                 "messages" => {}
@@ -77,8 +70,7 @@ impl ChatTemplate {
         env.set_formatter(python_formatter);
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
-        env.add_template_owned("chat", source.to_string())
-            .map_err(|e| TokenizerError::Template(describe(&e)))?;
+        env.add_template_owned("chat", source.to_string()).map_err(|e| TokenizerError::Template(describe(&e)))?;
         Ok(ChatTemplate { env })
     }
 
@@ -95,44 +87,27 @@ impl ChatTemplate {
 
     /// Render a conversation. A template that raises gives an error carrying its message.
     pub fn render(&self, req: &ChatRequest) -> Result<String, TokenizerError> {
-        let today = req
-            .today
-            .unwrap_or_else(|| chrono::Local::now().date_naive());
+        let today = req.today.unwrap_or_else(|| chrono::Local::now().date_naive());
         let mut ctx = req.extra.clone();
         ctx.insert("messages".into(), Json::Array(req.messages.clone()));
         if let Some(tools) = &req.tools {
             ctx.insert("tools".into(), Json::Array(tools.clone()));
         }
-        ctx.insert(
-            "add_generation_prompt".into(),
-            Json::Bool(req.add_generation_prompt),
-        );
+        ctx.insert("add_generation_prompt".into(), Json::Bool(req.add_generation_prompt));
         ctx.insert("bos_token".into(), Json::String(req.bos_token.clone()));
         ctx.insert("eos_token".into(), Json::String(req.eos_token.clone()));
-        let mut values: Vec<(String, Value)> = ctx
-            .into_iter()
-            .map(|(k, v)| (k, Value::from_serialize(&v)))
-            .collect();
-        values.push((
-            "strftime_now".into(),
-            Value::from_function(move |fmt: &str| today.format(fmt).to_string()),
-        ));
+        let mut values: Vec<(String, Value)> = ctx.into_iter().map(|(k, v)| (k, Value::from_serialize(&v))).collect();
+        values.push(("strftime_now".into(), Value::from_function(move |fmt: &str| today.format(fmt).to_string())));
         let ctx: Value = values.into_iter().collect();
-        let tpl = self
-            .env
-            .get_template("chat")
-            .map_err(|e| TokenizerError::Template(describe(&e)))?;
-        tpl.render(ctx)
-            .map_err(|e| TokenizerError::Template(describe(&e)))
+        let tpl = self.env.get_template("chat").map_err(|e| TokenizerError::Template(describe(&e)))?;
+        tpl.render(ctx).map_err(|e| TokenizerError::Template(describe(&e)))
     }
 }
 
 /// The message a template raised, or MiniJinja's description of what went wrong.
 fn describe(e: &Error) -> String {
     match (e.kind(), e.detail()) {
-        (ErrorKind::InvalidOperation, Some(d)) if d.starts_with(RAISED) => {
-            d[RAISED.len()..].to_string()
-        }
+        (ErrorKind::InvalidOperation, Some(d)) if d.starts_with(RAISED) => d[RAISED.len()..].to_string(),
         _ => {
             let mut s = e.to_string();
             let mut src = std::error::Error::source(e);
@@ -148,22 +123,13 @@ fn describe(e: &Error) -> String {
 const RAISED: &str = "raised: ";
 
 fn raise_exception(msg: String) -> Result<Value, Error> {
-    Err(Error::new(
-        ErrorKind::InvalidOperation,
-        format!("{RAISED}{msg}"),
-    ))
+    Err(Error::new(ErrorKind::InvalidOperation, format!("{RAISED}{msg}")))
 }
 
 /// Print values as Python's `str()` would: `True`, `False`, `None`.
-fn python_formatter(
-    out: &mut minijinja::Output,
-    state: &State,
-    value: &Value,
-) -> Result<(), Error> {
+fn python_formatter(out: &mut minijinja::Output, state: &State, value: &Value) -> Result<(), Error> {
     match value.kind() {
-        ValueKind::Bool => out
-            .write_str(if value.is_true() { "True" } else { "False" })
-            .map_err(Error::from),
+        ValueKind::Bool => out.write_str(if value.is_true() { "True" } else { "False" }).map_err(Error::from),
         ValueKind::None => out.write_str("None").map_err(Error::from),
         _ => minijinja::escape_formatter(out, state, value),
     }
@@ -186,31 +152,13 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
     };
     let (item_sep, key_sep) = match separators {
         Some(v) if !v.is_none() => {
-            let parts: Vec<String> = v
-                .try_iter()?
-                .map(|p| p.as_str().unwrap_or_default().to_string())
-                .collect();
-            (
-                parts.first().cloned().unwrap_or_default(),
-                parts.get(1).cloned().unwrap_or_default(),
-            )
+            let parts: Vec<String> = v.try_iter()?.map(|p| p.as_str().unwrap_or_default().to_string()).collect();
+            (parts.first().cloned().unwrap_or_default(), parts.get(1).cloned().unwrap_or_default())
         }
-        _ => (
-            if indent.is_some() {
-                ",".into()
-            } else {
-                ", ".into()
-            },
-            ": ".into(),
-        ),
+        _ => (if indent.is_some() { ",".into() } else { ", ".into() }, ": ".into()),
     };
     let mut out = String::new();
-    let fmt = JsonFmt {
-        indent,
-        item_sep,
-        key_sep,
-        sort_keys: sort_keys.unwrap_or(false),
-    };
+    let fmt = JsonFmt { indent, item_sep, key_sep, sort_keys: sort_keys.unwrap_or(false) };
     fmt.write(&value, 0, &mut out)?;
     Ok(Value::from_safe_string(out))
 }
@@ -243,9 +191,7 @@ impl JsonFmt {
             ValueKind::String => json_string(v.as_str().unwrap_or_default(), out),
             ValueKind::Seq | ValueKind::Iterable => {
                 let items: Vec<Value> = v.try_iter()?.collect();
-                self.container('[', ']', depth, out, items.len(), |i, out| {
-                    self.write(&items[i], depth + 1, out)
-                })?;
+                self.container('[', ']', depth, out, items.len(), |i, out| self.write(&items[i], depth + 1, out))?;
             }
             ValueKind::Map => {
                 let mut keys: Vec<Value> = v.try_iter()?.collect();
@@ -320,11 +266,7 @@ fn python_float(x: f64) -> String {
         return "NaN".into();
     }
     if x.is_infinite() {
-        return if x > 0.0 {
-            "Infinity".into()
-        } else {
-            "-Infinity".into()
-        };
+        return if x > 0.0 { "Infinity".into() } else { "-Infinity".into() };
     }
     let sci = format!("{x:e}");
     let (mantissa, exp) = sci.split_once('e').expect("exponent");
@@ -360,10 +302,7 @@ mod tests {
     fn tojson_matches_json_dumps() {
         let t = ChatTemplate::new("{{ x | tojson }}|{{ x | tojson(indent=2) }}").unwrap();
         let mut req = ChatRequest::default();
-        req.extra.insert(
-            "x".into(),
-            serde_json::json!({"b": [1, 2.5, "é<>\n"], "a": {}, "c": true, "d": null}),
-        );
+        req.extra.insert("x".into(), serde_json::json!({"b": [1, 2.5, "é<>\n"], "a": {}, "c": true, "d": null}));
         let out = t.render(&req).unwrap();
         assert_eq!(
             out,

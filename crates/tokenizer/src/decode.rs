@@ -12,10 +12,7 @@ pub(crate) struct Pieces {
 impl Pieces {
     pub(crate) fn build(vocab: &Vocab) -> Pieces {
         let unbyte = crate::bpe::unicode_to_byte();
-        let mut p = Pieces {
-            bytes: Vec::with_capacity(vocab.len() * 8),
-            ends: Vec::with_capacity(vocab.len()),
-        };
+        let mut p = Pieces { bytes: Vec::with_capacity(vocab.len() * 8), ends: Vec::with_capacity(vocab.len()) };
         for id in 0..vocab.len() as u32 {
             let piece = piece_of(vocab, id, &unbyte);
             p.bytes.extend_from_slice(&piece);

@@ -8,9 +8,7 @@ pub enum TokenizerError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
 
-    #[error(
-        "unknown pre-tokenizer type '{0}' (tokenizer.ggml.pre): onebit refuses to guess how to split text for it"
-    )]
+    #[error("unknown pre-tokenizer type '{0}' (tokenizer.ggml.pre): onebit refuses to guess how to split text for it")]
     UnknownPre(String),
 
     #[error("unsupported tokenizer: {0}")]

@@ -45,12 +45,7 @@ pub struct Tokenizer {
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Tokenizer({:?}, {} tokens)",
-            self.vocab.kind,
-            self.vocab.len()
-        )
+        write!(f, "Tokenizer({:?}, {} tokens)", self.vocab.kind, self.vocab.len())
     }
 }
 
@@ -71,12 +66,7 @@ impl Tokenizer {
         };
         let pieces = decode::Pieces::build(&vocab);
         let chat_template = md.opt_str("tokenizer.chat_template")?.map(str::to_string);
-        Ok(Tokenizer {
-            vocab,
-            engine,
-            pieces,
-            chat_template,
-        })
+        Ok(Tokenizer { vocab, engine, pieces, chat_template })
     }
 
     pub fn vocab(&self) -> &Vocab {
@@ -90,12 +80,7 @@ impl Tokenizer {
 
     /// Token ids for `text`. `add_special` adds BOS/EOS as the vocabulary asks;
     /// `parse_special` turns special-token text (`<|im_start|>`) into the special token.
-    pub fn encode(
-        &self,
-        text: &str,
-        add_special: bool,
-        parse_special: bool,
-    ) -> Result<Vec<u32>, TokenizerError> {
+    pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
         let v = &self.vocab;
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && v.add_bos {
@@ -147,11 +132,7 @@ impl Tokenizer {
         for &id in ids {
             bytes.extend_from_slice(self.piece(id, special));
         }
-        if ids
-            .first()
-            .is_some_and(|&id| Some(id) == self.vocab.specials.bos)
-            && bytes.first() == Some(&b' ')
-        {
+        if ids.first().is_some_and(|&id| Some(id) == self.vocab.specials.bos) && bytes.first() == Some(&b' ') {
             bytes.remove(0);
         }
         String::from_utf8_lossy(&bytes).into_owned()
@@ -169,8 +150,6 @@ impl Tokenizer {
 
     /// The text of a special token by id, for chat templates (`bos_token`, `eos_token`).
     pub fn token_text(&self, id: Option<u32>) -> String {
-        id.and_then(|id| self.vocab.text(id))
-            .unwrap_or_default()
-            .to_string()
+        id.and_then(|id| self.vocab.text(id)).unwrap_or_default().to_string()
     }
 }

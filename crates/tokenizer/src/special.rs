@@ -14,11 +14,7 @@ pub(crate) enum Fragment<'a> {
     Token(u32),
 }
 
-pub(crate) fn partition<'a>(
-    vocab: &Vocab,
-    text: &'a str,
-    parse_special: bool,
-) -> Vec<Fragment<'a>> {
+pub(crate) fn partition<'a>(vocab: &Vocab, text: &'a str, parse_special: bool) -> Vec<Fragment<'a>> {
     let mut frags = vec![Fragment::Text(text)];
     if text.is_empty() {
         return Vec::new();
@@ -29,10 +25,7 @@ pub(crate) fn partition<'a>(
             continue;
         }
         let needle = vocab.tokens[id as usize].as_str();
-        if !frags
-            .iter()
-            .any(|f| matches!(f, Fragment::Text(t) if t.contains(needle)))
-        {
+        if !frags.iter().any(|f| matches!(f, Fragment::Text(t) if t.contains(needle))) {
             continue;
         }
         let mut next = Vec::with_capacity(frags.len() + 2);

@@ -28,15 +28,8 @@ pub(crate) struct Spm {
 
 impl Spm {
     pub(crate) fn new(vocab: &Vocab) -> Spm {
-        let crosses = |t: &str| {
-            t.chars()
-                .zip(t.chars().skip(1))
-                .any(|(a, b)| a != SPACE && b == SPACE)
-        };
-        Spm {
-            split_words: !vocab.tokens.iter().any(|t| crosses(t)),
-            cache: Mutex::new(FxHashMap::default()),
-        }
+        let crosses = |t: &str| t.chars().zip(t.chars().skip(1)).any(|(a, b)| a != SPACE && b == SPACE);
+        Spm { split_words: !vocab.tokens.iter().any(|t| crosses(t)), cache: Mutex::new(FxHashMap::default()) }
     }
 
     /// Encode `text` (spaces already replaced by ▁) and append the ids to `out`.
@@ -99,9 +92,7 @@ impl PartialOrd for Bigram {
 
 impl Ord for Bigram {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.score
-            .total_cmp(&other.score)
-            .then(other.left.cmp(&self.left))
+        self.score.total_cmp(&other.score).then(other.left.cmp(&self.left))
     }
 }
 
@@ -114,20 +105,10 @@ struct Session<'a> {
 
 /// Encode `text` as one piece and append the ids to `out`.
 fn encode(vocab: &Vocab, text: &str, out: &mut Vec<u32>) {
-    let mut s = Session {
-        vocab,
-        text,
-        symbols: Vec::new(),
-        queue: BinaryHeap::new(),
-    };
+    let mut s = Session { vocab, text, symbols: Vec::new(), queue: BinaryHeap::new() };
     for (i, (start, c)) in text.char_indices().enumerate() {
         let len = c.len_utf8();
-        s.symbols.push(Symbol {
-            prev: i.checked_sub(1),
-            next: Some(i + 1),
-            start,
-            len,
-        });
+        s.symbols.push(Symbol { prev: i.checked_sub(1), next: Some(i + 1), start, len });
     }
     if let Some(last) = s.symbols.last_mut() {
         last.next = None;
@@ -175,18 +156,11 @@ impl<'a> Session<'a> {
         let Some(id) = self.vocab.id(text) else {
             return;
         };
-        self.queue.push(Bigram {
-            score: self.vocab.scores[id as usize],
-            left,
-            right,
-            size: text.len(),
-        });
+        self.queue.push(Bigram { score: self.vocab.scores[id as usize], left, right, size: text.len() });
     }
 }
 
 /// The token for a raw byte: `<0xNN>`, or else the byte itself as a one-character token.
 pub(crate) fn byte_token(vocab: &Vocab, b: u8) -> Option<u32> {
-    vocab
-        .id(&format!("<0x{b:02X}>"))
-        .or_else(|| std::str::from_utf8(&[b]).ok().and_then(|s| vocab.id(s)))
+    vocab.id(&format!("<0x{b:02X}>")).or_else(|| std::str::from_utf8(&[b]).ok().and_then(|s| vocab.id(s)))
 }

@@ -118,21 +118,9 @@ impl Vocab {
             "gpt2" => {
                 let pre = pre.unwrap_or("default");
                 let d = crate::bpe::pre_flags(pre)?;
-                (
-                    Kind::Bpe {
-                        pre: pre.to_string(),
-                    },
-                    d,
-                )
+                (Kind::Bpe { pre: pre.to_string() }, d)
             }
-            "llama" => (
-                Kind::Spm,
-                Flags {
-                    add_bos: true,
-                    add_space_prefix: true,
-                    ignore_merges: false,
-                },
-            ),
+            "llama" => (Kind::Spm, Flags { add_bos: true, add_space_prefix: true, ignore_merges: false }),
             other => {
                 return Err(TokenizerError::Unsupported(format!(
                     "tokenizer model '{other}' (onebit reads 'gpt2' byte-level BPE and 'llama' SentencePiece vocabularies)"
@@ -147,21 +135,14 @@ impl Vocab {
         let tokens: Vec<String> = texts
             .iter()
             .enumerate()
-            .map(|(i, t)| {
-                if t.is_empty() {
-                    format!("[EMPTY_{i}]")
-                } else {
-                    t.to_string()
-                }
-            })
+            .map(|(i, t)| if t.is_empty() { format!("[EMPTY_{i}]") } else { t.to_string() })
             .collect();
-        let scores = optional_array(md, "tokenizer.ggml.scores", n, |k| md.get_f32_array(k))?
-            .unwrap_or_else(|| vec![0.0; n]);
-        let mut attrs: Vec<u16> =
-            match optional_array(md, "tokenizer.ggml.token_type", n, |k| md.get_i32_array(k))? {
-                Some(types) => types.iter().take(n).map(|&t| attr_of_type(t)).collect(),
-                None => vec![attr::NORMAL; n],
-            };
+        let scores =
+            optional_array(md, "tokenizer.ggml.scores", n, |k| md.get_f32_array(k))?.unwrap_or_else(|| vec![0.0; n]);
+        let mut attrs: Vec<u16> = match optional_array(md, "tokenizer.ggml.token_type", n, |k| md.get_i32_array(k))? {
+            Some(types) => types.iter().take(n).map(|&t| attr_of_type(t)).collect(),
+            None => vec![attr::NORMAL; n],
+        };
         let index = build_index(&tokens);
 
         let specials = read_specials(md, &kind, n)?;
@@ -183,13 +164,9 @@ impl Vocab {
         vocab.find_text_specials(&mut attrs);
         vocab.attrs = attrs;
         vocab.special_cache = (0..n as u32)
-            .filter(|&i| {
-                vocab.attrs[i as usize] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0
-            })
+            .filter(|&i| vocab.attrs[i as usize] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0)
             .collect();
-        vocab
-            .special_cache
-            .sort_by_key(|&i| std::cmp::Reverse(vocab.tokens[i as usize].len()));
+        vocab.special_cache.sort_by_key(|&i| std::cmp::Reverse(vocab.tokens[i as usize].len()));
         vocab.apply_name_fixes(md.opt_str("general.name")?.unwrap_or(""));
         Ok(vocab)
     }
@@ -218,11 +195,7 @@ impl Vocab {
                 attrs[id as usize] |= attr::CONTROL;
             }
         }
-        self.eog.extend(
-            [self.specials.eos, self.specials.eot, self.specials.eom]
-                .into_iter()
-                .flatten(),
-        );
+        self.eog.extend([self.specials.eos, self.specials.eot, self.specials.eom].into_iter().flatten());
     }
 
     /// llama.cpp sets per-token attributes for some vocabularies by name; Phi-3's special tokens
@@ -258,11 +231,7 @@ impl Vocab {
     }
 
     pub fn id(&self, text: &str) -> Option<u32> {
-        self.index
-            .find(FxBuildHasher.hash_one(text), |&i| {
-                self.tokens[i as usize] == text
-            })
-            .copied()
+        self.index.find(FxBuildHasher.hash_one(text), |&i| self.tokens[i as usize] == text).copied()
     }
 
     pub fn attr(&self, id: u32) -> u16 {
@@ -313,10 +282,7 @@ fn optional_array<T>(
     }
     let v = get(key)?;
     if v.len() < n {
-        return Err(TokenizerError::Invalid(format!(
-            "{key} has {} entries for {n} tokens",
-            v.len()
-        )));
+        return Err(TokenizerError::Invalid(format!("{key} has {} entries for {n} tokens", v.len())));
     }
     Ok(Some(v))
 }
@@ -324,17 +290,8 @@ fn optional_array<T>(
 fn read_specials(md: &Metadata, kind: &Kind, n: usize) -> Result<Specials, TokenizerError> {
     // llama.cpp's defaults: SentencePiece vocabularies have <unk>=0, <s>=1, </s>=2.
     let mut s = match kind {
-        Kind::Spm => Specials {
-            bos: Some(1),
-            eos: Some(2),
-            unk: Some(0),
-            ..Default::default()
-        },
-        Kind::Bpe { .. } => Specials {
-            bos: Some(11),
-            eos: Some(11),
-            ..Default::default()
-        },
+        Kind::Spm => Specials { bos: Some(1), eos: Some(2), unk: Some(0), ..Default::default() },
+        Kind::Bpe { .. } => Specials { bos: Some(11), eos: Some(11), ..Default::default() },
     };
     let fields: [(&str, &mut Option<u32>); 8] = [
         ("bos", &mut s.bos),

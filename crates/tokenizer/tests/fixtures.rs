@@ -6,11 +6,7 @@ use onebit_tokenizer::{ChatRequest, ChatTemplate, Tokenizer};
 use serde_json::Value;
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
 fn check_vocab(fixture: &str, model: &str) {
@@ -39,10 +35,7 @@ fn check_vocab(fixture: &str, model: &str) {
             bad.push(format!("decoded {decoded:?} != {:?}", c["decoded"]));
         }
         if decoded_sp != c["decoded_with_special"].as_str().unwrap() {
-            bad.push(format!(
-                "decoded_with_special {decoded_sp:?} != {:?}",
-                c["decoded_with_special"]
-            ));
+            bad.push(format!("decoded_with_special {decoded_sp:?} != {:?}", c["decoded_with_special"]));
         }
         if !bad.is_empty() {
             failures.push(format!("case {i} {text:?}: {}", bad.join("; ")));
@@ -53,12 +46,7 @@ fn check_vocab(fixture: &str, model: &str) {
         "{fixture}: {} of {} cases differ:\n{}",
         failures.len(),
         cases.len(),
-        failures
-            .iter()
-            .take(8)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join("\n")
+        failures.iter().take(8).cloned().collect::<Vec<_>>().join("\n")
     );
 }
 
@@ -74,18 +62,12 @@ fn smollm() {
 
 #[test]
 fn llama_spm() {
-    check_vocab(
-        "tokenizer-llama-spm.json",
-        "models/vocab/ggml-vocab-llama-spm.gguf",
-    );
+    check_vocab("tokenizer-llama-spm.json", "models/vocab/ggml-vocab-llama-spm.gguf");
 }
 
 #[test]
 fn llama_bpe() {
-    check_vocab(
-        "tokenizer-llama-bpe.json",
-        "models/vocab/ggml-vocab-llama-bpe.gguf",
-    );
+    check_vocab("tokenizer-llama-bpe.json", "models/vocab/ggml-vocab-llama-bpe.gguf");
 }
 
 #[test]
@@ -100,10 +82,7 @@ fn gpt_2() {
 
 #[test]
 fn deepseek_llm() {
-    check_vocab(
-        "tokenizer-deepseek-llm.json",
-        "models/vocab/ggml-vocab-deepseek-llm.gguf",
-    );
+    check_vocab("tokenizer-deepseek-llm.json", "models/vocab/ggml-vocab-deepseek-llm.gguf");
 }
 
 #[test]
@@ -118,10 +97,7 @@ fn chat_templates_render_like_jinja2() {
         let model = c["model"].as_str().unwrap();
         let source = if model.ends_with(".gguf") {
             let f = GgufFile::open(shared.join("models").join(model)).unwrap();
-            f.metadata()
-                .get_str("tokenizer.chat_template")
-                .unwrap()
-                .to_string()
+            f.metadata().get_str("tokenizer.chat_template").unwrap().to_string()
         } else {
             std::fs::read_to_string(shared.join("templates").join(model)).unwrap()
         };
@@ -133,20 +109,13 @@ fn chat_templates_render_like_jinja2() {
         let case = format!("{model} / {}", c["case"].as_str().unwrap());
         match (&c["error"], result) {
             (Value::Null, Ok(text)) if text == c["rendered"].as_str().unwrap() => {}
-            (Value::Null, Ok(text)) => failures.push(format!(
-                "{case}: rendered\n{text:?}\nexpected\n{:?}",
-                c["rendered"].as_str().unwrap()
-            )),
+            (Value::Null, Ok(text)) => {
+                failures.push(format!("{case}: rendered\n{text:?}\nexpected\n{:?}", c["rendered"].as_str().unwrap()))
+            }
             (Value::Null, Err(e)) => failures.push(format!("{case}: error {e}")),
             (want, Err(e)) if e.to_string().contains(want.as_str().unwrap()) => {}
             (want, other) => failures.push(format!("{case}: expected error {want}, got {other:?}")),
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} of {} renderings differ:\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n\n")
-    );
+    assert!(failures.is_empty(), "{} of {} renderings differ:\n{}", failures.len(), cases.len(), failures.join("\n\n"));
 }

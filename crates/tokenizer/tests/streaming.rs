@@ -14,10 +14,7 @@ fn stream(tok: &Tokenizer, ids: &[u32], special: bool) -> (String, Vec<String>) 
     let mut parts = Vec::new();
     for &id in ids {
         let s = tok.decode_next(&mut d, id, special);
-        assert!(
-            d.pending().len() < 4,
-            "holds back at most an incomplete character"
-        );
+        assert!(d.pending().len() < 4, "holds back at most an incomplete character");
         parts.push(s);
     }
     parts.push(d.finish());
@@ -26,11 +23,9 @@ fn stream(tok: &Tokenizer, ids: &[u32], special: bool) -> (String, Vec<String>) 
 
 #[test]
 fn multi_token_characters_come_out_whole() {
-    for model in [
-        "models/qwen3-q1_0.gguf",
-        "models/vocab/ggml-vocab-llama-spm.gguf",
-        "models/vocab/ggml-vocab-gpt-2.gguf",
-    ] {
+    for model in
+        ["models/qwen3-q1_0.gguf", "models/vocab/ggml-vocab-llama-spm.gguf", "models/vocab/ggml-vocab-gpt-2.gguf"]
+    {
         let Some(tok) = tokenizer(model) else { return };
         let text = "emoji 🦀👨‍👩‍👧‍👦 and 日本語のテキスト, Ünïcödé ∑∫√";
         let ids = tok.encode(text, false, false).unwrap();
@@ -41,10 +36,7 @@ fn multi_token_characters_come_out_whole() {
             parts.iter().all(|p| !p.contains('\u{fffd}')),
             "{model}: a replacement character means a split character"
         );
-        assert!(
-            ids.len() > text.chars().count() / 3,
-            "{model}: the text needs byte-level tokens to be a real test"
-        );
+        assert!(ids.len() > text.chars().count() / 3, "{model}: the text needs byte-level tokens to be a real test");
     }
 }
 
@@ -53,9 +45,7 @@ fn special_tokens_are_dropped_or_rendered() {
     let Some(tok) = tokenizer("models/qwen3-q1_0.gguf") else {
         return;
     };
-    let ids = tok
-        .encode("<|im_start|>user\nhi<|im_end|>", false, true)
-        .unwrap();
+    let ids = tok.encode("<|im_start|>user\nhi<|im_end|>", false, true).unwrap();
     assert_eq!(ids.len(), 5);
     assert_eq!(stream(&tok, &ids, false).0, "user\nhi");
     assert_eq!(stream(&tok, &ids, true).0, "<|im_start|>user\nhi<|im_end|>");

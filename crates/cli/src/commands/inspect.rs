@@ -59,10 +59,7 @@ impl<'a> Report<'a> {
         let hyperparameters = match architecture {
             Some(arch) => {
                 let prefix = format!("{arch}.");
-                md.iter()
-                    .filter(|(k, _)| k.starts_with(&prefix))
-                    .map(|(k, v)| (&k[prefix.len()..], v))
-                    .collect()
+                md.iter().filter(|(k, _)| k.starts_with(&prefix)).map(|(k, v)| (&k[prefix.len()..], v)).collect()
             }
             None => Vec::new(),
         };
@@ -127,10 +124,7 @@ impl<'a> Report<'a> {
         );
         let md = model.metadata();
         match self.architecture {
-            Some(a) => println!(
-                "architecture: {a}  name: {}",
-                md.get_str("general.name").unwrap_or("-")
-            ),
+            Some(a) => println!("architecture: {a}  name: {}", md.get_str("general.name").unwrap_or("-")),
             None => println!("architecture: (none: a vocabulary-only or non-model file)"),
         }
         if !self.hyperparameters.is_empty() {
@@ -145,10 +139,7 @@ impl<'a> Report<'a> {
         let other: Vec<_> = md
             .iter()
             .filter(|(k, _)| {
-                !k.starts_with("tokenizer.")
-                    && self
-                        .architecture
-                        .is_none_or(|a| !k.starts_with(&format!("{a}.")))
+                !k.starts_with("tokenizer.") && self.architecture.is_none_or(|a| !k.starts_with(&format!("{a}.")))
             })
             .collect();
         if !other.is_empty() {
@@ -159,35 +150,17 @@ impl<'a> Report<'a> {
         }
         if model.tensor_count() > 0 {
             println!("tensors ({}):", model.tensor_count());
-            println!(
-                "  {:<40} {:<8} {:<24} {:>14}",
-                "name", "type", "shape", "bytes"
-            );
+            println!("  {:<40} {:<8} {:<24} {:>14}", "name", "type", "shape", "bytes");
             for t in model.tensors() {
                 let shape = format!("{:?}", t.shape());
-                println!(
-                    "  {:<40} {:<8} {:<24} {:>14}",
-                    t.name(),
-                    t.ggml_type().name(),
-                    shape,
-                    t.data().len()
-                );
+                println!("  {:<40} {:<8} {:<24} {:>14}", t.name(), t.ggml_type().name(), shape, t.data().len());
             }
             println!("bytes by type:");
             for (ty, (bytes, n)) in &self.bytes_by_type {
-                println!(
-                    "  {:<8} {:>14} bytes {:>14} parameters",
-                    ty.name(),
-                    bytes,
-                    n
-                );
+                println!("  {:<8} {:>14} bytes {:>14} parameters", ty.name(), bytes, n);
             }
         }
-        let bpw = if self.parameters > 0 {
-            self.tensor_bytes as f64 * 8.0 / self.parameters as f64
-        } else {
-            0.0
-        };
+        let bpw = if self.parameters > 0 { self.tensor_bytes as f64 * 8.0 / self.parameters as f64 } else { 0.0 };
         println!(
             "total: {} tensor bytes ({}), {} parameters ({}), {bpw:.3} bits/weight",
             self.tensor_bytes,
@@ -204,20 +177,14 @@ impl<'a> Report<'a> {
             t.pre.unwrap_or("-"),
             t.vocab_size,
             t.merges,
-            t.chat_template
-                .map_or("no".to_string(), |s| format!("yes ({} bytes)", s.len()))
+            t.chat_template.map_or("no".to_string(), |s| format!("yes ({} bytes)", s.len()))
         );
         let flag = |b: Option<bool>| b.map_or("-".to_string(), |b| b.to_string());
-        println!(
-            "  add_bos: {}  add_eos: {}",
-            flag(t.add_bos),
-            flag(t.add_eos)
-        );
+        println!("  add_bos: {}  add_eos: {}", flag(t.add_bos), flag(t.add_eos));
         for (name, id, text) in &t.special {
             println!(
                 "  {name:<10} {id:>8}  {}",
-                text.as_deref()
-                    .map_or("(out of range)".to_string(), |s| format!("{s:?}"))
+                text.as_deref().map_or("(out of range)".to_string(), |s| format!("{s:?}"))
             );
         }
     }
@@ -229,19 +196,15 @@ fn tokenizer_info<'a>(md: Metadata<'a>) -> Option<TokenizerInfo<'a>> {
     }
     let tokens = md.get_array("tokenizer.ggml.tokens").ok();
     let token_text = |id: u32| {
-        tokens
-            .and_then(|a| a.iter().nth(id as usize))
-            .and_then(|v| match v {
-                Value::String(b) => Some(String::from_utf8_lossy(b).into_owned()),
-                _ => None,
-            })
+        tokens.and_then(|a| a.iter().nth(id as usize)).and_then(|v| match v {
+            Value::String(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => None,
+        })
     };
     let special = md
         .iter()
         .filter_map(|(k, _)| {
-            let name = k
-                .strip_prefix("tokenizer.ggml.")?
-                .strip_suffix("_token_id")?;
+            let name = k.strip_prefix("tokenizer.ggml.")?.strip_suffix("_token_id")?;
             let id = md.get_u32(k).ok()?;
             Some((name.to_string(), id, token_text(id)))
         })
@@ -261,11 +224,7 @@ fn tokenizer_info<'a>(md: Metadata<'a>) -> Option<TokenizerInfo<'a>> {
 fn type_name(v: &Value) -> String {
     match v {
         Value::Array(a) => {
-            let inner = a
-                .iter()
-                .next()
-                .map(|e| type_name(&e))
-                .unwrap_or_else(|| a.elem_type().name().to_string());
+            let inner = a.iter().next().map(|e| type_name(&e)).unwrap_or_else(|| a.elem_type().name().to_string());
             format!("array<{inner}>")
         }
         v => v.value_type().name().to_string(),
@@ -296,11 +255,7 @@ fn value_text(v: Value) -> String {
         Value::String(b) => {
             let s = String::from_utf8_lossy(b);
             if s.chars().count() > 60 {
-                format!(
-                    "{:?}... ({} bytes)",
-                    s.chars().take(57).collect::<String>(),
-                    b.len()
-                )
+                format!("{:?}... ({} bytes)", s.chars().take(57).collect::<String>(), b.len())
             } else {
                 format!("{s:?}")
             }
@@ -311,15 +266,10 @@ fn value_text(v: Value) -> String {
                 "[{}, ...] ({} × {})",
                 head.join(", "),
                 a.len(),
-                type_name(&Value::Array(a))
-                    .trim_start_matches("array<")
-                    .trim_end_matches('>')
+                type_name(&Value::Array(a)).trim_start_matches("array<").trim_end_matches('>')
             )
         }
-        Value::Array(a) => format!(
-            "[{}]",
-            a.iter().map(value_text).collect::<Vec<_>>().join(", ")
-        ),
+        Value::Array(a) => format!("[{}]", a.iter().map(value_text).collect::<Vec<_>>().join(", ")),
         Value::F32(x) => format!("{x}"),
         Value::F64(x) => format!("{x}"),
         other => value_json(other).to_string(),

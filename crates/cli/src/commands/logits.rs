@@ -13,12 +13,7 @@ pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Token ids, comma-separated, used as given (no BOS is added).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        required_unless_present = "prompt",
-        conflicts_with = "prompt"
-    )]
+    #[arg(long, value_delimiter = ',', required_unless_present = "prompt", conflicts_with = "prompt")]
     pub tokens: Vec<u32>,
     /// Text, tokenized as llama.cpp does (BOS as the model asks, special tokens parsed).
     #[arg(short = 'p', long)]
@@ -52,17 +47,10 @@ pub fn run(mut args: Args) -> Result<()> {
     let mut rows: Vec<Vec<f32>> = Vec::new();
     if args.decode {
         for (i, t) in tokens.iter().enumerate() {
-            let want = if args.all_positions || i + 1 == tokens.len() {
-                LogitsWanted::Last
-            } else {
-                LogitsWanted::None
-            };
+            let want =
+                if args.all_positions || i + 1 == tokens.len() { LogitsWanted::Last } else { LogitsWanted::None };
             let out = model.forward(
-                &mut [SeqInput {
-                    cache: &mut cache,
-                    tokens: std::slice::from_ref(t),
-                    logits: want,
-                }],
+                &mut [SeqInput { cache: &mut cache, tokens: std::slice::from_ref(t), logits: want }],
                 &mut scratch,
             )?;
             if let Some(l) = out.last(0) {
@@ -70,42 +58,21 @@ pub fn run(mut args: Args) -> Result<()> {
             }
         }
     } else {
-        let want = if args.all_positions {
-            LogitsWanted::All
-        } else {
-            LogitsWanted::Last
-        };
-        let out = model.forward(
-            &mut [SeqInput {
-                cache: &mut cache,
-                tokens,
-                logits: want,
-            }],
-            &mut scratch,
-        )?;
+        let want = if args.all_positions { LogitsWanted::All } else { LogitsWanted::Last };
+        let out = model.forward(&mut [SeqInput { cache: &mut cache, tokens, logits: want }], &mut scratch)?;
         rows = out.rows_of(0).map(|(_, l)| l.to_vec()).collect();
     }
-    let first = if args.all_positions {
-        0
-    } else {
-        tokens.len() - 1
-    };
+    let first = if args.all_positions { 0 } else { tokens.len() - 1 };
     let tops: Vec<Vec<(usize, f32)>> = rows.iter().map(|l| top_k(l, args.top)).collect();
     if args.json {
-        let positions: Vec<_> = tops
-            .iter()
-            .map(|t| json!({"top": t.iter().map(|&(i, v)| json!([i, v])).collect::<Vec<_>>()}))
-            .collect();
+        let positions: Vec<_> =
+            tops.iter().map(|t| json!({"top": t.iter().map(|&(i, v)| json!([i, v])).collect::<Vec<_>>()})).collect();
         println!("{}", json!({ "positions": positions }));
     } else {
         for (i, t) in tops.iter().enumerate() {
             let pos = first + i;
             let line: Vec<String> = t.iter().map(|(id, v)| format!("{id}:{v:.4}")).collect();
-            println!(
-                "position {pos} (after token {}): {}",
-                tokens[pos],
-                line.join(" ")
-            );
+            println!("position {pos} (after token {}): {}", tokens[pos], line.join(" "));
         }
     }
     Ok(())

@@ -1,5 +1,6 @@
 //! The subcommands of `onebit`, one module each.
 
+pub mod bench;
 pub mod inspect;
 pub mod logits;
 pub mod model_args;

@@ -27,16 +27,11 @@ pub struct ModelArgs {
 
 impl ModelArgs {
     pub fn options(&self) -> ModelOptions {
-        ModelOptions {
-            threads: self.threads.unwrap_or(0),
-            kernel_tier: self.kernel_tier,
-            kv_type: self.kv_type,
-        }
+        ModelOptions { threads: self.threads.unwrap_or(0), kernel_tier: self.kernel_tier, kv_type: self.kv_type }
     }
 
     pub fn load(&self) -> Result<Model> {
-        Model::load(&self.model, &self.options())
-            .with_context(|| format!("loading {}", self.model.display()))
+        Model::load(&self.model, &self.options()).with_context(|| format!("loading {}", self.model.display()))
     }
 
     /// The context size to give a new sequence.

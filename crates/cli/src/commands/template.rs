@@ -13,11 +13,7 @@ pub struct Args {
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
     /// Use this Jinja template instead.
-    #[arg(
-        long = "template-file",
-        alias = "chat-template-file",
-        value_name = "FILE"
-    )]
+    #[arg(long = "template-file", alias = "chat-template-file", value_name = "FILE")]
     pub template_file: Option<PathBuf>,
     /// `{"messages": [...], "tools": [...], "add_generation_prompt": true, ...other variables}`.
     #[arg(long, value_name = "REQ.json")]
@@ -25,17 +21,15 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let raw = std::fs::read_to_string(&args.request)
-        .with_context(|| format!("reading {}", args.request.display()))?;
-    let json: serde_json::Value = serde_json::from_str(&raw)
-        .with_context(|| format!("{} is not JSON", args.request.display()))?;
+    let raw = std::fs::read_to_string(&args.request).with_context(|| format!("reading {}", args.request.display()))?;
+    let json: serde_json::Value =
+        serde_json::from_str(&raw).with_context(|| format!("{} is not JSON", args.request.display()))?;
     let mut req = ChatRequest::from_json(&json)?;
     let obj = json.as_object();
     let given = |k: &str| obj.is_some_and(|o| o.contains_key(k));
     let template = match (&args.template_file, &args.model) {
         (Some(f), _) => {
-            let src =
-                std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+            let src = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
             ChatTemplate::new(&src)?
         }
         (None, Some(m)) => {

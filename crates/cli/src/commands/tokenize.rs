@@ -31,22 +31,17 @@ pub struct Args {
 
 pub fn load(path: &PathBuf) -> Result<Tokenizer> {
     let file = GgufModel::open(path)?;
-    Tokenizer::from_metadata(&file.metadata())
-        .with_context(|| format!("reading the tokenizer of {}", path.display()))
+    Tokenizer::from_metadata(&file.metadata()).with_context(|| format!("reading the tokenizer of {}", path.display()))
 }
 
 pub fn run(args: Args) -> Result<()> {
     let tok = load(&args.model)?;
     let encode = |text: &str| tok.encode(text, args.add_bos, !args.no_special);
     if let Some(batch) = &args.batch {
-        let raw = std::fs::read_to_string(batch)
-            .with_context(|| format!("reading {}", batch.display()))?;
+        let raw = std::fs::read_to_string(batch).with_context(|| format!("reading {}", batch.display()))?;
         let texts: Vec<String> = serde_json::from_str(&raw)
             .with_context(|| format!("{}: expected a JSON array of strings", batch.display()))?;
-        let all = texts
-            .iter()
-            .map(|t| encode(t))
-            .collect::<Result<Vec<_>, _>>()?;
+        let all = texts.iter().map(|t| encode(t)).collect::<Result<Vec<_>, _>>()?;
         println!("{}", serde_json::to_string(&all)?);
         return Ok(());
     }
@@ -54,9 +49,7 @@ pub fn run(args: Args) -> Result<()> {
         Some(t) => t.clone(),
         None => {
             let mut s = String::new();
-            std::io::stdin()
-                .read_to_string(&mut s)
-                .context("reading text from stdin")?;
+            std::io::stdin().read_to_string(&mut s).context("reading text from stdin")?;
             s
         }
     };
@@ -68,10 +61,7 @@ pub fn run(args: Args) -> Result<()> {
         println!("{}", serde_json::to_string(&ids)?);
     } else {
         for id in ids {
-            println!(
-                "{id:>8} -> {:?}",
-                String::from_utf8_lossy(tok.piece(id, true))
-            );
+            println!("{id:>8} -> {:?}", String::from_utf8_lossy(tok.piece(id, true)));
         }
     }
     Ok(())

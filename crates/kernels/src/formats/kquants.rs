@@ -79,14 +79,7 @@ macro_rules! kblock {
         }
     )*};
 }
-kblock!(
-    BlockQ2K = Q2_K,
-    BlockQ3K = Q3_K,
-    BlockQ4K = Q4_K,
-    BlockQ5K = Q5_K,
-    BlockQ6K = Q6_K,
-    BlockQ8K = Q8_K
-);
+kblock!(BlockQ2K = Q2_K, BlockQ3K = Q3_K, BlockQ4K = Q4_K, BlockQ5K = Q5_K, BlockQ6K = Q6_K, BlockQ8K = Q8_K);
 
 /// Scale and min of sub-block `j` (0..8) from the 12 packed bytes of Q4_K/Q5_K.
 #[inline(always)]
@@ -94,10 +87,7 @@ pub fn scale_min_k4(j: usize, q: &[u8; K_SCALE_SIZE]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
-        (
-            (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
+        ((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
     }
 }
 
@@ -105,11 +95,7 @@ pub fn scale_min_k4(j: usize, q: &[u8; K_SCALE_SIZE]) -> (u8, u8) {
 pub fn q3k_scales(packed: &[u8; K_SCALE_SIZE]) -> [i8; 16] {
     let mut s = [0i8; 16];
     for (j, out) in s.iter_mut().enumerate() {
-        let low = if j < 8 {
-            packed[j] & 0x0f
-        } else {
-            packed[j - 8] >> 4
-        };
+        let low = if j < 8 { packed[j] & 0x0f } else { packed[j - 8] >> 4 };
         let high = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
         *out = (low | (high << 4)) as i8 - 32;
     }

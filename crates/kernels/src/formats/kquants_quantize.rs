@@ -4,9 +4,7 @@
 //! matrix), in the same float order, so files written by onebit and by llama-quantize match
 //! byte for byte.
 
-use super::kquants::{
-    BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K, scale_min_k4,
-};
+use super::kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K, scale_min_k4};
 use super::{half, nearest_int, to_half};
 
 const GROUP_MAX_EPS: f32 = 1e-15;
@@ -215,16 +213,7 @@ pub fn quantize_q2_k(x: &[f32], y: &mut [BlockQ2K]) {
         for j in 0..QK_K / 16 {
             let sub = &xs[16 * j..16 * j + 16];
             let weights: [f32; 16] = std::array::from_fn(|i| sub[i].abs());
-            (scales[j], mins[j]) = make_qkx2_quants(
-                3,
-                sub,
-                &weights,
-                &mut l[16 * j..16 * j + 16],
-                -0.5,
-                0.1,
-                15,
-                true,
-            );
+            (scales[j], mins[j]) = make_qkx2_quants(3, sub, &weights, &mut l[16 * j..16 * j + 16], -0.5, 0.1, 15, true);
             max_scale = max_scale.max(scales[j]);
             max_min = max_min.max(mins[j]);
         }
@@ -332,24 +321,12 @@ fn quantize_k4_scales(
         let sum_x2 = sub.iter().fold(0.0f32, |s, v| s + v * v);
         let av_x = (sum_x2 / 32.0).sqrt();
         let weights: [f32; 32] = std::array::from_fn(|i| av_x + sub[i].abs());
-        (scales[j], mins[j]) = make_qkx2_quants(
-            nmax,
-            sub,
-            &weights,
-            &mut l[32 * j..32 * j + 32],
-            rmin,
-            0.1,
-            nstep,
-            false,
-        );
+        (scales[j], mins[j]) =
+            make_qkx2_quants(nmax, sub, &weights, &mut l[32 * j..32 * j + 32], rmin, 0.1, nstep, false);
         max_scale = max_scale.max(scales[j]);
         max_min = max_min.max(mins[j]);
     }
-    let inv_scale = if max_scale > 0.0 {
-        63.0 / max_scale
-    } else {
-        0.0
-    };
+    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     for j in 0..QK_K / 32 {
         let ls = (nearest_int(inv_scale * scales[j]) as u8).min(63);
@@ -422,11 +399,7 @@ pub fn quantize_q6_k(x: &[f32], y: &mut [BlockQ6K]) {
         let mut scales = [0f32; QK_K / 16];
         let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
         for ib in 0..QK_K / 16 {
-            scales[ib] = make_qx_quants(
-                32,
-                &xs[16 * ib..16 * ib + 16],
-                &mut l[16 * ib..16 * ib + 16],
-            );
+            scales[ib] = make_qx_quants(32, &xs[16 * ib..16 * ib + 16], &mut l[16 * ib..16 * ib + 16]);
             if scales[ib].abs() > max_abs_scale {
                 max_abs_scale = scales[ib].abs();
                 max_scale = scales[ib];
@@ -451,18 +424,12 @@ pub fn quantize_q6_k(x: &[f32], y: &mut [BlockQ6K]) {
             }
         }
         for n in 0..2 {
-            let (ql, qh) = (
-                &mut b.ql[64 * n..64 * n + 64],
-                &mut b.qh[32 * n..32 * n + 32],
-            );
+            let (ql, qh) = (&mut b.ql[64 * n..64 * n + 64], &mut b.qh[32 * n..32 * n + 32]);
             let lv = |i: usize| l[128 * n + i] as u8;
             for i in 0..32 {
                 ql[i] = (lv(i) & 0x0f) | ((lv(i + 64) & 0x0f) << 4);
                 ql[i + 32] = (lv(i + 32) & 0x0f) | ((lv(i + 96) & 0x0f) << 4);
-                qh[i] = (lv(i) >> 4)
-                    | ((lv(i + 32) >> 4) << 2)
-                    | ((lv(i + 64) >> 4) << 4)
-                    | ((lv(i + 96) >> 4) << 6);
+                qh[i] = (lv(i) >> 4) | ((lv(i + 32) >> 4) << 2) | ((lv(i + 64) >> 4) << 4) | ((lv(i + 96) >> 4) << 6);
             }
         }
     }

@@ -22,53 +22,12 @@ macro_rules! block {
     };
 }
 
-block!(
-    BlockQ4_0,
-    Q4_0 {
-        d: [u8; 2],
-        qs: [u8; QK / 2]
-    }
-);
-block!(
-    BlockQ4_1,
-    Q4_1 {
-        d: [u8; 2],
-        m: [u8; 2],
-        qs: [u8; QK / 2]
-    }
-);
-block!(
-    BlockQ5_0,
-    Q5_0 {
-        d: [u8; 2],
-        qh: [u8; 4],
-        qs: [u8; QK / 2]
-    }
-);
-block!(
-    BlockQ5_1,
-    Q5_1 {
-        d: [u8; 2],
-        m: [u8; 2],
-        qh: [u8; 4],
-        qs: [u8; QK / 2]
-    }
-);
-block!(
-    BlockQ8_0,
-    Q8_0 {
-        d: [u8; 2],
-        qs: [i8; QK]
-    }
-);
-block!(
-    BlockQ8_1,
-    Q8_1 {
-        d: [u8; 2],
-        s: [u8; 2],
-        qs: [i8; QK]
-    }
-);
+block!(BlockQ4_0, Q4_0 { d: [u8; 2], qs: [u8; QK / 2] });
+block!(BlockQ4_1, Q4_1 { d: [u8; 2], m: [u8; 2], qs: [u8; QK / 2] });
+block!(BlockQ5_0, Q5_0 { d: [u8; 2], qh: [u8; 4], qs: [u8; QK / 2] });
+block!(BlockQ5_1, Q5_1 { d: [u8; 2], m: [u8; 2], qh: [u8; 4], qs: [u8; QK / 2] });
+block!(BlockQ8_0, Q8_0 { d: [u8; 2], qs: [i8; QK] });
+block!(BlockQ8_1, Q8_1 { d: [u8; 2], s: [u8; 2], qs: [i8; QK] });
 
 pub fn dequantize_q4_0(x: &[BlockQ4_0], y: &mut [f32]) {
     for (b, out) in x.iter().zip(y.chunks_exact_mut(QK)) {
@@ -152,9 +111,7 @@ fn signed_absmax(xs: &[f32]) -> f32 {
 }
 
 fn min_max(xs: &[f32]) -> (f32, f32) {
-    xs.iter().fold((f32::MAX, -f32::MAX), |(lo, hi), &v| {
-        (if v < lo { v } else { lo }, if v > hi { v } else { hi })
-    })
+    xs.iter().fold((f32::MAX, -f32::MAX), |(lo, hi), &v| (if v < lo { v } else { lo }, if v > hi { v } else { hi }))
 }
 
 fn inverse(d: f32) -> f32 {

@@ -91,11 +91,7 @@ pub fn can_quantize(ty: GgmlType) -> bool {
 
 fn check_sizes(ty: GgmlType, n: usize, bytes: usize) -> Result<(), KernelError> {
     if ty.bytes_for(n as u64) != Some(bytes as u64) {
-        return Err(KernelError::Size {
-            ty,
-            elements: n,
-            bytes,
-        });
+        return Err(KernelError::Size { ty, elements: n, bytes });
     }
     Ok(())
 }
@@ -105,14 +101,10 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Kerne
     check_sizes(ty, dst.len(), src.len())?;
     use GgmlType::*;
     match ty {
-        F32 => dst
-            .iter_mut()
-            .zip(src.chunks_exact(4))
-            .for_each(|(d, s)| *d = f32::from_le_bytes(s.try_into().unwrap())),
-        F16 => dst
-            .iter_mut()
-            .zip(src.chunks_exact(2))
-            .for_each(|(d, s)| *d = half([s[0], s[1]])),
+        F32 => {
+            dst.iter_mut().zip(src.chunks_exact(4)).for_each(|(d, s)| *d = f32::from_le_bytes(s.try_into().unwrap()))
+        }
+        F16 => dst.iter_mut().zip(src.chunks_exact(2)).for_each(|(d, s)| *d = half([s[0], s[1]])),
         BF16 => dst
             .iter_mut()
             .zip(src.chunks_exact(2))
@@ -134,10 +126,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Kerne
         Q2_0 => ternary::dequantize_q2_0(blocks(src), dst),
         Q1_0 => one_bit::dequantize_q1_0(blocks(src), dst),
         other => {
-            return Err(KernelError::Unsupported {
-                ty: other,
-                what: "dequantization",
-            });
+            return Err(KernelError::Unsupported { ty: other, what: "dequantization" });
         }
     }
     Ok(())
@@ -149,18 +138,9 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), KernelE
     check_sizes(ty, src.len(), dst.len())?;
     use GgmlType::*;
     match ty {
-        F32 => dst
-            .chunks_exact_mut(4)
-            .zip(src)
-            .for_each(|(d, s)| d.copy_from_slice(&s.to_le_bytes())),
-        F16 => dst
-            .chunks_exact_mut(2)
-            .zip(src)
-            .for_each(|(d, s)| d.copy_from_slice(&to_half(*s))),
-        BF16 => dst
-            .chunks_exact_mut(2)
-            .zip(src)
-            .for_each(|(d, s)| d.copy_from_slice(&f32_to_bf16(*s).to_le_bytes())),
+        F32 => dst.chunks_exact_mut(4).zip(src).for_each(|(d, s)| d.copy_from_slice(&s.to_le_bytes())),
+        F16 => dst.chunks_exact_mut(2).zip(src).for_each(|(d, s)| d.copy_from_slice(&to_half(*s))),
+        BF16 => dst.chunks_exact_mut(2).zip(src).for_each(|(d, s)| d.copy_from_slice(&f32_to_bf16(*s).to_le_bytes())),
         Q4_0 => legacy::quantize_q4_0(src, blocks_mut(dst)),
         Q4_1 => legacy::quantize_q4_1(src, blocks_mut(dst)),
         Q5_0 => legacy::quantize_q5_0(src, blocks_mut(dst)),
@@ -178,10 +158,7 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), KernelE
         Q2_0 => ternary::quantize_q2_0(src, blocks_mut(dst)),
         Q1_0 => one_bit::quantize_q1_0(src, blocks_mut(dst)),
         other => {
-            return Err(KernelError::Unsupported {
-                ty: other,
-                what: "quantization",
-            });
+            return Err(KernelError::Unsupported { ty: other, what: "quantization" });
         }
     }
     Ok(())

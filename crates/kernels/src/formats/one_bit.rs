@@ -24,11 +24,7 @@ pub fn dequantize_q1_0(x: &[BlockQ1_0], y: &mut [f32]) {
     for (b, out) in x.iter().zip(y.chunks_exact_mut(QK1_0)) {
         let d = half(b.d);
         for (j, o) in out.iter_mut().enumerate() {
-            *o = if (b.qs[j / 8] >> (j % 8)) & 1 != 0 {
-                d
-            } else {
-                -d
-            };
+            *o = if (b.qs[j / 8] >> (j % 8)) & 1 != 0 { d } else { -d };
         }
     }
 }

@@ -136,18 +136,13 @@ pub fn quantize_tq1_0(x: &[f32], y: &mut [BlockTQ1_0]) {
         let mut at = 0;
         for (base, width) in [(0usize, 32usize), (32, 16)] {
             for m in 0..width {
-                let t = (0..5).fold(0u8, |q, n| {
-                    q.wrapping_mul(3)
-                        .wrapping_add(trit(xs[at + m + n * width], id))
-                });
+                let t = (0..5).fold(0u8, |q, n| q.wrapping_mul(3).wrapping_add(trit(xs[at + m + n * width], id)));
                 b.qs[base + m] = pack_trits(t);
             }
             at += 5 * width;
         }
         for j in 0..QK_K / 64 {
-            let t = (0..4).fold(0u8, |q, m| {
-                q.wrapping_mul(3).wrapping_add(trit(xs[at + j + m * 4], id))
-            });
+            let t = (0..4).fold(0u8, |q, m| q.wrapping_mul(3).wrapping_add(trit(xs[at + j + m * 4], id)));
             b.qh[j] = pack_trits(t.wrapping_mul(3));
         }
     }
@@ -160,9 +155,7 @@ pub fn quantize_tq2_0(x: &[f32], y: &mut [BlockTQ2_0]) {
         b.d = to_half(d);
         for (j, chunk) in b.qs.chunks_exact_mut(32).enumerate() {
             for (m, q) in chunk.iter_mut().enumerate() {
-                *q = (0..4).fold(0u8, |acc, n| {
-                    acc + ((trit(xs[j * 128 + m + n * 32], id) & 3) << (2 * n))
-                });
+                *q = (0..4).fold(0u8, |acc, n| acc + ((trit(xs[j * 128 + m + n * 32], id) & 3) << (2 * n)));
             }
         }
     }
@@ -171,9 +164,7 @@ pub fn quantize_tq2_0(x: &[f32], y: &mut [BlockTQ2_0]) {
 /// Q2_0: scale = absmax, codes round(x / d) clamped to [-1, 2], stored plus one.
 pub fn quantize_q2_0(x: &[f32], y: &mut [BlockQ2_0]) {
     for (b, xs) in y.iter_mut().zip(x.chunks_exact(QK2_0)) {
-        let amax = xs
-            .iter()
-            .fold(0.0f32, |m, v| if v.abs() > m { v.abs() } else { m });
+        let amax = xs.iter().fold(0.0f32, |m, v| if v.abs() > m { v.abs() } else { m });
         let id = if amax > 0.0 { 1.0 / amax } else { 0.0 };
         b.d = to_half(amax);
         b.qs = [0; QK2_0 / 4];

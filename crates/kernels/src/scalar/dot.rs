@@ -43,10 +43,7 @@ fn f32s(a: &[u8]) -> &[f32] {
 fn dot_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
     // Weights in a file may sit at any 4-byte boundary; read them bytewise.
     let a = f32s(a);
-    w.chunks_exact(4)
-        .zip(&a[..n])
-        .map(|(w, x)| f32::from_le_bytes([w[0], w[1], w[2], w[3]]) * x)
-        .sum()
+    w.chunks_exact(4).zip(&a[..n]).map(|(w, x)| f32::from_le_bytes([w[0], w[1], w[2], w[3]]) * x).sum()
 }
 
 fn dot_f16(w: &[u8], a: &[u8], n: usize) -> f32 {
@@ -81,11 +78,7 @@ fn dot_q1_0(w: &[u8], a: &[u8], n: usize) -> f32 {
             let mut s = 0i32;
             for j in 0..32 {
                 let q = yb.qs[j] as i32;
-                s += if (b.qs[k * 4 + j / 8] >> (j % 8)) & 1 != 0 {
-                    q
-                } else {
-                    -q
-                };
+                s += if (b.qs[k * 4 + j / 8] >> (j % 8)) & 1 != 0 { q } else { -q };
             }
             sumi += d16(yb.d) * s as f32;
         }
@@ -145,11 +138,7 @@ fn dot_q4_1(w: &[u8], a: &[u8], n: usize) -> f32 {
 fn q5(qh: [u8; 4], qs: &[u8; 16]) -> [i32; 32] {
     let qh = u32::from_le_bytes(qh);
     std::array::from_fn(|j| {
-        let (nib, bit) = if j < 16 {
-            (qs[j] & 0x0f, (qh >> j) & 1)
-        } else {
-            (qs[j - 16] >> 4, (qh >> j) & 1)
-        };
+        let (nib, bit) = if j < 16 { (qs[j] & 0x0f, (qh >> j) & 1) } else { (qs[j - 16] >> 4, (qh >> j) & 1) };
         nib as i32 | (bit as i32) << 4
     })
 }
@@ -180,11 +169,7 @@ fn dot_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (w, y) = (blocks::<BlockQ8_0>(w), blocks::<BlockQ8_0>(a));
     let mut sumf = 0.0f32;
     for (b, yb) in w[..n / 32].iter().zip(y) {
-        let s: i32 =
-            b.qs.iter()
-                .zip(&yb.qs)
-                .map(|(&p, &q)| p as i32 * q as i32)
-                .sum();
+        let s: i32 = b.qs.iter().zip(&yb.qs).map(|(&p, &q)| p as i32 * q as i32).sum();
         sumf += s as f32 * (d16(b.d) * d16(yb.d));
     }
     sumf
@@ -194,11 +179,7 @@ fn dot_tq1_0(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (w, y) = (blocks::<BlockTQ1_0>(w), blocks::<BlockQ8K>(a));
     let mut sumf = 0.0f32;
     for (b, yb) in w[..n / QK_K].iter().zip(y) {
-        let s: i32 = tq1_trits(b)
-            .iter()
-            .zip(&yb.qs)
-            .map(|(&t, &q)| (t as i32 - 1) * q as i32)
-            .sum();
+        let s: i32 = tq1_trits(b).iter().zip(&yb.qs).map(|(&t, &q)| (t as i32 - 1) * q as i32).sum();
         sumf += s as f32 * (d16(b.d) * yb.d);
     }
     sumf
@@ -226,20 +207,14 @@ fn dot_q2_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (w, y) = (blocks::<BlockQ2K>(w), blocks::<BlockQ8K>(a));
     let mut sumf = 0.0f32;
     for (b, yb) in w[..n / QK_K].iter().zip(y) {
-        let summs: i32 = (0..16)
-            .map(|j| yb.bsums[j] as i32 * (b.scales[j] >> 4) as i32)
-            .sum();
+        let summs: i32 = (0..16).map(|j| yb.bsums[j] as i32 * (b.scales[j] >> 4) as i32).sum();
         let mut isum = 0i32;
         for j in 0..16 {
             // Sub-block j: 16 weights, 2-bit field (j / 2) % 4 of bytes in group j / 8.
             let (group, shift, half) = (j / 8, 2 * ((j / 2) % 4), j % 2);
             let q2 = &b.qs[group * 32 + half * 16..group * 32 + half * 16 + 16];
             let q8 = &yb.qs[16 * j..16 * j + 16];
-            let s: i32 = q2
-                .iter()
-                .zip(q8)
-                .map(|(&q, &x)| ((q >> shift) & 3) as i32 * x as i32)
-                .sum();
+            let s: i32 = q2.iter().zip(q8).map(|(&q, &x)| ((q >> shift) & 3) as i32 * x as i32).sum();
             isum += (b.scales[j] & 0x0f) as i32 * s;
         }
         sumf += yb.d * d16(b.d) * isum as f32 - yb.d * d16(b.dmin) * summs as f32;
@@ -254,9 +229,7 @@ fn dot_q3_k(w: &[u8], a: &[u8], n: usize) -> f32 {
         let scales = q3k_scales(&b.scales);
         let mut isum = 0i32;
         for j in 0..16 {
-            let sub: i32 = (16 * j..16 * j + 16)
-                .map(|k| q3k_value(b, k) * yb.qs[k] as i32)
-                .sum();
+            let sub: i32 = (16 * j..16 * j + 16).map(|k| q3k_value(b, k) * yb.qs[k] as i32).sum();
             isum += scales[j] as i32 * sub;
         }
         sumf += d16(b.d) * yb.d * isum as f32;
@@ -275,20 +248,12 @@ fn q3k_value(b: &BlockQ3K, k: usize) -> i32 {
 }
 
 /// Dot of a Q4_K/Q5_K super-block given its 256 unsigned quants.
-fn k4_block_dot(
-    d: [u8; 2],
-    dmin: [u8; 2],
-    scales: &[u8; 12],
-    q: &[i32; QK_K],
-    yb: &BlockQ8K,
-) -> f32 {
+fn k4_block_dot(d: [u8; 2], dmin: [u8; 2], scales: &[u8; 12], q: &[i32; QK_K], yb: &BlockQ8K) -> f32 {
     let mut isum = 0i32;
     let mut msum = 0i32;
     for j in 0..8 {
         let (sc, m) = scale_min_k4(j, scales);
-        let s: i32 = (0..32)
-            .map(|l| q[32 * j + l] * yb.qs[32 * j + l] as i32)
-            .sum();
+        let s: i32 = (0..32).map(|l| q[32 * j + l] * yb.qs[32 * j + l] as i32).sum();
         isum += sc as i32 * s;
         msum += m as i32 * (yb.bsums[2 * j] as i32 + yb.bsums[2 * j + 1] as i32);
     }
@@ -303,11 +268,7 @@ fn dot_q4_k(w: &[u8], a: &[u8], n: usize) -> f32 {
         .map(|(b, yb)| {
             let q: [i32; QK_K] = std::array::from_fn(|k| {
                 let byte = b.qs[(k / 64) * 32 + k % 32];
-                (if (k % 64) < 32 {
-                    byte & 0x0f
-                } else {
-                    byte >> 4
-                }) as i32
+                (if (k % 64) < 32 { byte & 0x0f } else { byte >> 4 }) as i32
             });
             k4_block_dot(b.d, b.dmin, &b.scales, &q, yb)
         })

@@ -1,0 +1,181 @@
+//! `onebit bench`: llama-bench's measurements and table. `pp N` times one batch of N tokens
+//! (prefill), `tg N` times N single-token steps (decode), both from an empty cache, with random
+//! token ids; tokenization and sampling are not part of it. Each test runs once to warm up,
+//! then `-r` times; t/s is reported as mean ± standard deviation.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use onebit_kernels::KernelTier;
+use onebit_model::{KvType, LogitsWanted, Model, ModelOptions, SeqInput};
+use serde_json::json;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The GGUF model file.
+    #[arg(short = 'm', long = "model")]
+    pub model: PathBuf,
+    /// Prompt sizes to test (pp), comma-separated; 0 skips.
+    #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512")]
+    pub n_prompt: Vec<usize>,
+    /// Generation lengths to test (tg), comma-separated; 0 skips.
+    #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
+    pub n_gen: Vec<usize>,
+    /// Thread counts to test, comma-separated [default: every core].
+    #[arg(short = 't', long, value_delimiter = ',')]
+    pub threads: Vec<usize>,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long, default_value_t = 3)]
+    pub repetitions: usize,
+    /// Kernel family [default: the best this CPU runs].
+    #[arg(long, value_name = "TIER")]
+    pub kernel_tier: Option<KernelTier>,
+    /// KV cache type: f16 or f32.
+    #[arg(long, default_value = "f16", value_name = "TYPE")]
+    pub kv_type: KvType,
+    /// Print the rows as a JSON array.
+    #[arg(long)]
+    pub json: bool,
+}
+
+struct Row {
+    model: String,
+    size: u64,
+    params: u64,
+    threads: usize,
+    test: String,
+    samples: Vec<f64>,
+}
+
+impl Row {
+    fn mean(&self) -> f64 {
+        self.samples.iter().sum::<f64>() / self.samples.len() as f64
+    }
+
+    fn std(&self) -> f64 {
+        let n = self.samples.len();
+        if n < 2 {
+            return 0.0;
+        }
+        let m = self.mean();
+        (self.samples.iter().map(|s| (s - m).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
+    }
+}
+
+pub fn run(args: Args) -> Result<()> {
+    if args.repetitions == 0 {
+        bail!("--repetitions must be at least 1");
+    }
+    let threads =
+        if args.threads.is_empty() { vec![onebit_kernels::Pool::default_threads()] } else { args.threads.clone() };
+    let mut rows = Vec::new();
+    if !args.json {
+        println!(
+            "| {:<28} | {:>10} | {:>10} | {:<8} | {:>7} | {:>8} | {:>20} |",
+            "model", "size", "params", "backend", "threads", "test", "t/s"
+        );
+        println!(
+            "| {:-<28} | {:->10} | {:->10} | {:-<8} | {:->7} | {:->8} | {:->20} |",
+            ":", ":", ":", ":", ":", ":", ":"
+        );
+    }
+    for &t in &threads {
+        let options = ModelOptions { threads: t, kernel_tier: args.kernel_tier, kv_type: args.kv_type };
+        let model = Model::load(&args.model, &options)?;
+        let (size, params) = weight_totals(&model);
+        let name = model_name(&model, params);
+        let tests = args.n_prompt.iter().filter(|&&n| n > 0).map(|&n| (format!("pp{n}"), n, true));
+        let tests = tests.chain(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| (format!("tg{n}"), n, false)));
+        for (test, n, prefill) in tests.collect::<Vec<_>>() {
+            let mut samples = Vec::new();
+            for rep in 0..=args.repetitions {
+                let secs = if prefill { time_prefill(&model, n, rep)? } else { time_decode(&model, n, rep)? };
+                if rep > 0 {
+                    samples.push(n as f64 / secs);
+                }
+            }
+            let row = Row { model: name.clone(), size, params, threads: t, test, samples };
+            if !args.json {
+                println!(
+                    "| {:<28} | {:>10} | {:>10} | {:<8} | {:>7} | {:>8} | {:>20} |",
+                    row.model,
+                    format!("{:.2} GiB", row.size as f64 / (1u64 << 30) as f64),
+                    format!("{:.2} B", row.params as f64 / 1e9),
+                    format!("CPU/{}", model.kernels().tier()),
+                    row.threads,
+                    row.test,
+                    format!("{:.2} ± {:.2}", row.mean(), row.std())
+                );
+            }
+            rows.push(row);
+        }
+    }
+    if args.json {
+        let out: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                json!({"model": r.model, "size": r.size, "params": r.params, "threads": r.threads, "test": r.test,
+                       "t/s": r.mean(), "stddev": r.std(), "samples_ts": r.samples})
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    }
+    Ok(())
+}
+
+/// Random token ids (a fixed generator, different per repetition).
+fn tokens(model: &Model, n: usize, seed: usize) -> Vec<u32> {
+    let vocab = model.config().vocab_size as u64;
+    let mut s = 0x9e37_79b9_7f4a_7c15u64 ^ seed as u64;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % vocab) as u32
+        })
+        .collect()
+}
+
+fn time_prefill(model: &Model, n: usize, rep: usize) -> Result<f64> {
+    let toks = tokens(model, n, rep);
+    let mut cache = model.new_cache(n);
+    let mut scratch = model.new_scratch();
+    let t = Instant::now();
+    model.forward(&mut [SeqInput { cache: &mut cache, tokens: &toks, logits: LogitsWanted::Last }], &mut scratch)?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+fn time_decode(model: &Model, n: usize, rep: usize) -> Result<f64> {
+    let toks = tokens(model, n, rep);
+    let mut cache = model.new_cache(n);
+    let mut scratch = model.new_scratch();
+    let t = Instant::now();
+    for tok in &toks {
+        model.forward(
+            &mut [SeqInput { cache: &mut cache, tokens: std::slice::from_ref(tok), logits: LogitsWanted::Last }],
+            &mut scratch,
+        )?;
+    }
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// Bytes and parameters of the model's tensors.
+fn weight_totals(model: &Model) -> (u64, u64) {
+    model.gguf().tensors().fold((0, 0), |(b, p), t| (b + t.data().len() as u64, p + t.n_elements()))
+}
+
+/// llama-bench style: architecture, size class and the type most of the weights are in.
+fn model_name(model: &Model, params: u64) -> String {
+    let mut by_type = std::collections::BTreeMap::new();
+    for t in model.gguf().tensors() {
+        *by_type.entry(t.ggml_type()).or_insert(0u64) += t.n_elements();
+    }
+    let main = by_type.iter().max_by_key(|(_, n)| **n).map(|(t, _)| t.to_string()).unwrap_or_default();
+    let size = match params {
+        p if p >= 1_000_000_000 => format!("{:.0}B", p as f64 / 1e9),
+        p => format!("{:.0}M", p as f64 / 1e6),
+    };
+    format!("{} {size} {main}", model.config().arch.name())
+}

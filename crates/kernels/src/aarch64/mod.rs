@@ -1,0 +1,2 @@
+//! aarch64 kernels: NEON with the dot-product extension.
+pub(crate) mod neon;

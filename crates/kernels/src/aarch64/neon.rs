@@ -1,0 +1,2 @@
+//! NEON tier (in progress): the scalar table.
+pub(crate) use crate::scalar::TABLE;

@@ -1,0 +1,128 @@
+//! Row-interleaved repacking of 1-bit weights, for the lookup-table products.
+//!
+//! A Q1_0 matrix is regrouped 64 rows at a time. For each 128-weight block column the group
+//! stores the 64 row scales (f16), then, for each of the four 32-weight sub-blocks, four
+//! 64-byte vectors: vector `j` holds byte `j` of every row's four bytes of sign bits. Byte
+//! position `16L + p` of a vector is row `16L + p`, so one `vpshufb` looks up a 4-bit group of
+//! 64 rows at once, and the low and high nibbles of a byte are two consecutive groups of four
+//! weights. The row scales are stored in the order the kernels produce their sums (see
+//! [`scale_order`]). The packed matrix has exactly the size of the original (rows padded to a
+//! multiple of 64).
+
+use onebit_gguf::GgmlType;
+
+use crate::act::AlignedBuf;
+use crate::formats::{BlockQ1_0, blocks};
+use crate::matmul::MatRef;
+use crate::pool::Pool;
+
+/// Rows per interleaved group.
+pub const GROUP: usize = 64;
+/// Bytes one group takes per 128-weight block: 64 scales and 4 × 4 vectors of 64 bytes.
+pub const Q1_GROUP_BLOCK: usize = 2 * GROUP + 4 * 4 * 64;
+
+/// A matrix in a kernel's own layout, owned (it replaces the file's copy in memory).
+pub struct PackedMat {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    buf: AlignedBuf,
+}
+
+impl std::fmt::Debug for PackedMat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackedMat({} {}x{})", self.ty, self.rows, self.cols)
+    }
+}
+
+impl PackedMat {
+    pub fn bytes(&self) -> &[u8] {
+        self.buf.as_bytes()
+    }
+
+    pub fn groups(&self) -> usize {
+        self.rows.div_ceil(GROUP)
+    }
+
+    /// The bytes of row group `g`.
+    pub fn group(&self, g: usize) -> &[u8] {
+        let per = (self.cols / 128) * Q1_GROUP_BLOCK;
+        &self.buf.as_bytes()[g * per..(g + 1) * per]
+    }
+}
+
+/// Where the kernels' sums for row `r` (0..64) of a group land: they produce the rows in the
+/// order of `vpunpcklbw`/`vpunpckhbw` and the i16→i32 widening, i.e. four vectors of sixteen:
+/// rows 0-7,16-23 | 32-39,48-55 | 8-15,24-31 | 40-47,56-63. Returns (vector, lane).
+pub fn scale_order(r: usize) -> (usize, usize) {
+    let (lane128, p) = (r / 16, r % 16);
+    let high = p >= 8; // from unpackhi
+    let vec = (high as usize) * 2 + lane128 / 2;
+    let lane = (lane128 % 2) * 8 + p % 8;
+    (vec, lane)
+}
+
+/// Repack a Q1_0 matrix for the lookup-table kernels, row groups in parallel on `pool`.
+pub fn pack_q1_0(w: &MatRef, pool: &Pool) -> PackedMat {
+    assert_eq!(w.ty, GgmlType::Q1_0);
+    let nb = w.cols / 128;
+    let groups = w.rows.div_ceil(GROUP);
+    let per_group = nb * Q1_GROUP_BLOCK;
+    let mut buf = AlignedBuf::default();
+    buf.resize(groups * per_group);
+    let out = SharedOut(buf.as_bytes_mut().as_mut_ptr());
+    pool.for_chunks(groups, 1, &|_, range| {
+        for g in range {
+            // SAFETY: each group's bytes are written by the one thread that took the group.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(g * per_group), per_group) };
+            pack_q1_0_group(w, g, dst);
+        }
+    });
+    PackedMat { ty: w.ty, rows: w.rows, cols: w.cols, buf }
+}
+
+fn pack_q1_0_group(w: &MatRef, g: usize, dst: &mut [u8]) {
+    dst.fill(0);
+    for r in 0..GROUP {
+        let row = g * GROUP + r;
+        if row >= w.rows {
+            break;
+        }
+        let (vec, lane) = scale_order(r);
+        for (b, blk) in blocks::<BlockQ1_0>(w.row(row)).iter().enumerate() {
+            let out = &mut dst[b * Q1_GROUP_BLOCK..(b + 1) * Q1_GROUP_BLOCK];
+            out[2 * (16 * vec + lane)..][..2].copy_from_slice(&blk.d);
+            for (v, &byte) in blk.qs.iter().enumerate() {
+                out[2 * GROUP + 64 * v + r] = byte;
+            }
+        }
+    }
+}
+
+struct SharedOut(*mut u8);
+// SAFETY: hands disjoint groups of one buffer to different threads.
+unsafe impl Sync for SharedOut {}
+impl SharedOut {
+    fn ptr(&self) -> *mut u8 {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scale_order_is_a_permutation() {
+        let mut seen = [false; 64];
+        for r in 0..64 {
+            let (v, l) = scale_order(r);
+            assert!(v < 4 && l < 16);
+            assert!(!seen[16 * v + l]);
+            seen[16 * v + l] = true;
+        }
+        assert_eq!(scale_order(9), (2, 1));
+        assert_eq!(scale_order(16), (0, 8));
+        assert_eq!(scale_order(40), (3, 0));
+    }
+}

@@ -1,0 +1,2 @@
+//! AMX tier (in progress): the AVX-512 table.
+pub(crate) use super::avx512::TABLE;

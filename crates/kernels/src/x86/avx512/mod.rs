@@ -1,0 +1,80 @@
+//! The AVX-512 tier (F/BW/VL/VNNI): 8-bit integer dot products with `vpdpbusd`, 16 lanes of
+//! f32 for everything else. Types without a kernel here use the scalar reference.
+
+mod kquants;
+mod matmul;
+mod ops;
+
+use std::arch::x86_64::*;
+
+use onebit_gguf::GgmlType;
+
+use crate::act::{ActFormat, quantize_row_ref};
+use crate::dispatch::Table;
+use crate::formats::{BlockQ8_0, BlockQ8_1, blocks_mut, f32_to_f16};
+use crate::matmul::RowKernel;
+
+pub(crate) static TABLE: Table = Table {
+    row_kernel,
+    quantize_row,
+    prepare: |pool, acts, w_ty| super::prepare_planar(pool, acts, w_ty, 0),
+    pack: |w, pool| {
+        (w.ty == GgmlType::Q1_0 && w.cols <= 128 * matmul::MAX_BLOCKS).then(|| crate::pack::pack_q1_0(w, pool))
+    },
+    rms_norm: ops::rms_norm,
+    softmax: ops::softmax,
+    silu_mul: ops::silu_mul,
+    dot_f32: ops::dot_f32,
+    dot_f16: ops::dot_f16,
+    axpy_f32: ops::axpy_f32,
+    axpy_f16: ops::axpy_f16,
+};
+
+pub(crate) fn row_kernel(ty: GgmlType) -> Option<RowKernel> {
+    matmul::kernel(ty).or_else(|| crate::scalar::dot::dot_fn(ty).map(RowKernel::Dot))
+}
+
+/// Quantize one activation row, bit for bit as the reference does.
+pub(crate) fn quantize_row(format: ActFormat, x: &[f32], out: &mut [u8]) {
+    match format {
+        // SAFETY: only reachable through a table handed out after checking AVX-512 F/BW.
+        ActFormat::Q8_0 => unsafe { quantize_q8(x, out, false) },
+        ActFormat::Q8_1 => unsafe { quantize_q8(x, out, true) },
+        _ => quantize_row_ref(format, x, out),
+    }
+}
+
+/// 32 values to 8-bit with scale max|x|/127 (`127/max` applied, ties to even); returns the
+/// scale and the sum of the quants.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+fn q8_block(x: &[f32], qs: &mut [i8; 32]) -> (f32, i32) {
+    let (v0, v1) = unsafe { (_mm512_loadu_ps(x.as_ptr()), _mm512_loadu_ps(x.as_ptr().add(16))) };
+    let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    let d = amax / 127.0;
+    let id = _mm512_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+    const RNE: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    let i0 = _mm512_cvtps_epi32(_mm512_roundscale_ps::<RNE>(_mm512_mul_ps(v0, id)));
+    let i1 = _mm512_cvtps_epi32(_mm512_roundscale_ps::<RNE>(_mm512_mul_ps(v1, id)));
+    let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+    unsafe {
+        _mm_storeu_si128(qs.as_mut_ptr() as *mut __m128i, _mm512_cvtsepi32_epi8(i0));
+        _mm_storeu_si128(qs.as_mut_ptr().add(16) as *mut __m128i, _mm512_cvtsepi32_epi8(i1));
+    }
+    (d, sum)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+fn quantize_q8(x: &[f32], out: &mut [u8], with_sum: bool) {
+    if with_sum {
+        for (b, xs) in blocks_mut::<BlockQ8_1>(out).iter_mut().zip(x.chunks_exact(32)) {
+            let (d, sum) = q8_block(xs, &mut b.qs);
+            b.d = f32_to_f16(d).to_le_bytes();
+            b.s = f32_to_f16(d * sum as f32).to_le_bytes();
+        }
+    } else {
+        for (b, xs) in blocks_mut::<BlockQ8_0>(out).iter_mut().zip(x.chunks_exact(32)) {
+            b.d = f32_to_f16(q8_block(xs, &mut b.qs).0).to_le_bytes();
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! AVX-512 vector operations of a layer: RMS norm, softmax, SwiGLU, f32/f16 dot and axpy.
+
+use std::arch::x86_64::*;
+
+/// e^x for 16 lanes: x = n·ln2 + r with |r| <= ln2/2, e^r by a degree-7 polynomial (relative
+/// error under 2e-7), then 2^n through the exponent bits. Inputs are clamped to the finite range.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn exp_ps(x: __m512) -> __m512 {
+    let x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.72)), _mm512_set1_ps(-87.33));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
+        x,
+        _mm512_set1_ps(std::f32::consts::LOG2_E),
+    ));
+    // r = x - n·ln2, with ln2 split in two for accuracy.
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_145_75), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428_606_8e-6), r);
+    let mut p = _mm512_set1_ps(1.0 / 5040.0);
+    for c in [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    }
+    _mm512_scalef_ps(p, n)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn hsum(v: __m512) -> f32 {
+    _mm512_reduce_add_ps(v)
+}
+
+/// Load up to 16 floats (zero beyond `n`).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn load_tail(x: &[f32], n: usize) -> __m512 {
+    let mask = ((1u32 << n) - 1) as u16;
+    unsafe { _mm512_maskz_loadu_ps(mask, x.as_ptr()) }
+}
+
+#[target_feature(enable = "avx512f")]
+fn rms_norm_impl(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let n = x.len();
+    // Sum of squares in f64, as the reference (and ggml) do.
+    let mut acc = _mm512_setzero_pd();
+    let mut i = 0;
+    while i + 16 <= n {
+        let v = unsafe { _mm512_loadu_ps(x.as_ptr().add(i)) };
+        let sq = _mm512_mul_ps(v, v);
+        acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm512_castps512_ps256(sq)));
+        acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(sq)))));
+        i += 16;
+    }
+    let mut sum = _mm512_reduce_add_pd(acc);
+    for &v in &x[i..] {
+        sum += (v * v) as f64;
+    }
+    let scale = 1.0 / ((sum / n as f64) as f32 + eps).sqrt();
+    let s = _mm512_set1_ps(scale);
+    let mut i = 0;
+    while i + 16 <= n {
+        unsafe {
+            let v =
+                _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x.as_ptr().add(i)), s), _mm512_loadu_ps(w.as_ptr().add(i)));
+            _mm512_storeu_ps(out.as_mut_ptr().add(i), v);
+        }
+        i += 16;
+    }
+    for j in i..n {
+        out[j] = x[j] * scale * w[j];
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+fn softmax_impl(x: &mut [f32]) {
+    let n = x.len();
+    let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
+    for c in x.chunks(16) {
+        let v = if c.len() == 16 {
+            unsafe { _mm512_loadu_ps(c.as_ptr()) }
+        } else {
+            _mm512_mask_blend_ps(((1u32 << c.len()) - 1) as u16, m, load_tail(c, c.len()))
+        };
+        m = _mm512_max_ps(m, v);
+    }
+    let max = _mm512_reduce_max_ps(m);
+    let mv = _mm512_set1_ps(max);
+    let mut sum = _mm512_setzero_ps();
+    let mut i = 0;
+    while i < n {
+        let k = (n - i).min(16);
+        let mask = ((1u32 << k) - 1) as u16;
+        unsafe {
+            let v = _mm512_maskz_loadu_ps(mask, x.as_ptr().add(i));
+            let e = _mm512_maskz_mov_ps(mask, exp_ps(_mm512_sub_ps(v, mv)));
+            sum = _mm512_add_ps(sum, e);
+            _mm512_mask_storeu_ps(x.as_mut_ptr().add(i), mask, e);
+        }
+        i += 16;
+    }
+    let inv = _mm512_set1_ps(1.0 / hsum(sum));
+    let mut i = 0;
+    while i < n {
+        let k = (n - i).min(16);
+        let mask = ((1u32 << k) - 1) as u16;
+        unsafe {
+            let v = _mm512_maskz_loadu_ps(mask, x.as_ptr().add(i));
+            _mm512_mask_storeu_ps(x.as_mut_ptr().add(i), mask, _mm512_mul_ps(v, inv));
+        }
+        i += 16;
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+fn silu_mul_impl(gate: &mut [f32], up: &[f32]) {
+    let n = gate.len().min(up.len());
+    let one = _mm512_set1_ps(1.0);
+    let mut i = 0;
+    while i < n {
+        let k = (n - i).min(16);
+        let mask = ((1u32 << k) - 1) as u16;
+        unsafe {
+            let g = _mm512_maskz_loadu_ps(mask, gate.as_ptr().add(i));
+            let u = _mm512_maskz_loadu_ps(mask, up.as_ptr().add(i));
+            let e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g));
+            let s = _mm512_div_ps(g, _mm512_add_ps(one, e));
+            _mm512_mask_storeu_ps(gate.as_mut_ptr().add(i), mask, _mm512_mul_ps(s, u));
+        }
+        i += 16;
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+fn dot_f32_impl(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let mut i = 0;
+    unsafe {
+        while i + 32 <= n {
+            s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a.as_ptr().add(i)), _mm512_loadu_ps(b.as_ptr().add(i)), s0);
+            s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a.as_ptr().add(i + 16)), _mm512_loadu_ps(b.as_ptr().add(i + 16)), s1);
+            i += 32;
+        }
+        while i < n {
+            let k = (n - i).min(16);
+            let mask = ((1u32 << k) - 1) as u16;
+            s0 = _mm512_fmadd_ps(
+                _mm512_maskz_loadu_ps(mask, a.as_ptr().add(i)),
+                _mm512_maskz_loadu_ps(mask, b.as_ptr().add(i)),
+                s0,
+            );
+            i += 16;
+        }
+    }
+    hsum(_mm512_add_ps(s0, s1))
+}
+
+/// 16 halves to f32.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn load_f16(p: *const u16, mask: u16) -> __m512 {
+    unsafe { _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p as *const i16)) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+fn dot_f16_impl(a: &[f32], b: &[u16]) -> f32 {
+    let n = a.len().min(b.len());
+    let mut s = _mm512_setzero_ps();
+    let mut i = 0;
+    while i < n {
+        let k = (n - i).min(16);
+        let mask = ((1u32 << k) - 1) as u16;
+        unsafe {
+            s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, a.as_ptr().add(i)), load_f16(b.as_ptr().add(i), mask), s);
+        }
+        i += 16;
+    }
+    hsum(s)
+}
+
+#[target_feature(enable = "avx512f")]
+fn axpy_f32_impl(alpha: f32, x: &[f32], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    let a = _mm512_set1_ps(alpha);
+    let mut i = 0;
+    while i < n {
+        let k = (n - i).min(16);
+        let mask = ((1u32 << k) - 1) as u16;
+        unsafe {
+            let v = _mm512_fmadd_ps(
+                a,
+                _mm512_maskz_loadu_ps(mask, x.as_ptr().add(i)),
+                _mm512_maskz_loadu_ps(mask, y.as_ptr().add(i)),
+            );
+            _mm512_mask_storeu_ps(y.as_mut_ptr().add(i), mask, v);
+        }
+        i += 16;
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+fn axpy_f16_impl(alpha: f32, x: &[u16], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    let a = _mm512_set1_ps(alpha);
+    let mut i = 0;
+    while i < n {
+        let k = (n - i).min(16);
+        let mask = ((1u32 << k) - 1) as u16;
+        unsafe {
+            let v =
+                _mm512_fmadd_ps(a, load_f16(x.as_ptr().add(i), mask), _mm512_maskz_loadu_ps(mask, y.as_ptr().add(i)));
+            _mm512_mask_storeu_ps(y.as_mut_ptr().add(i), mask, v);
+        }
+        i += 16;
+    }
+}
+
+// Safe entry points for the table. SAFETY (all): the AVX-512 table is only handed out by
+// `Kernels::new` after `KernelTier::Avx512.is_available()` confirmed these features.
+pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    unsafe { rms_norm_impl(x, w, eps, out) }
+}
+pub(crate) fn softmax(x: &mut [f32]) {
+    unsafe { softmax_impl(x) }
+}
+pub(crate) fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    unsafe { silu_mul_impl(gate, up) }
+}
+pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    unsafe { dot_f32_impl(a, b) }
+}
+pub(crate) fn dot_f16(a: &[f32], b: &[u16]) -> f32 {
+    unsafe { dot_f16_impl(a, b) }
+}
+pub(crate) fn axpy_f32(alpha: f32, x: &[f32], y: &mut [f32]) {
+    unsafe { axpy_f32_impl(alpha, x, y) }
+}
+pub(crate) fn axpy_f16(alpha: f32, x: &[u16], y: &mut [f32]) {
+    unsafe { axpy_f16_impl(alpha, x, y) }
+}

@@ -1,0 +1,190 @@
+//! x86-64 kernels: AVX2 (+FMA, F16C, and AVX-VNNI where present), AVX-512 (F/BW/VL/VNNI) and
+//! AMX-INT8, each a file with its own function table. Every function here is only reached
+//! through a table that [`Kernels::new`](crate::Kernels::new) hands out after checking the CPU.
+//!
+//! Shared here: the planar layout of 8-bit activations that the SIMD kernels read. A row of
+//! Q8_0/Q8_1 blocks becomes:
+//! - `qs`: all quants contiguous (64-byte aligned);
+//! - `pos`/`neg`: `a + 128` and `-a + 128` as unsigned bytes, for 1-bit weights to choose from
+//!   and sum with `psadbw`;
+//! - `lanes`/`bias`: per 128 values, the scale of each i32 lane of those sums (see
+//!   [`lane_block`]) and -1024 times it, which removes the +128 bias;
+//! - `scales`: one f32 per 32-block; `sums`: the Q8_1 block sum `s` (Q8_0: d·Σa);
+//! - `lut` (for products with 1-bit weights): for every 4 values, the 16 sums ±a0±a1±a2±a3 as
+//!   i16, split into 16 low bytes and 16 high bytes, looked up by 4 weight bits.
+
+pub(crate) mod amx;
+pub(crate) mod avx2;
+pub(crate) mod avx512;
+
+use onebit_gguf::GgmlType;
+
+use crate::act::{ActFormat, Acts};
+use crate::formats::{BlockQ8_0, BlockQ8_1, blocks, f16_to_f32};
+use crate::pool::Pool;
+
+/// Offsets inside a planar activation row of `cols` values.
+#[derive(Clone, Copy)]
+pub(crate) struct Planar {
+    pub pos: usize,
+    pub neg: usize,
+    pub lanes: usize,
+    pub bias: usize,
+    pub scales: usize,
+    pub sums: usize,
+    pub lut: usize,
+    pub row_bytes: usize,
+}
+
+impl Planar {
+    pub fn new(cols: usize) -> Planar {
+        let k = cols.next_multiple_of(128);
+        let pos = k;
+        let neg = pos + k;
+        let lanes = neg + k;
+        let bias = lanes + k / 128 * 64;
+        let scales = bias + k / 128 * 64;
+        let sums = scales + (cols / 32) * 4;
+        let lut = (sums + (cols / 32) * 4).next_multiple_of(64);
+        let row_bytes = lut + (cols / 4) * 32;
+        Planar { pos, neg, lanes, bias, scales, sums, lut, row_bytes }
+    }
+}
+
+/// A planar row, borrowed.
+#[derive(Clone, Copy)]
+pub(crate) struct PlanarRow<'a> {
+    pub qs: &'a [i8],
+    pub pos: &'a [u8],
+    pub neg: &'a [u8],
+    pub lanes: &'a [f32],
+    pub bias: &'a [f32],
+    pub scales: &'a [f32],
+    pub sums: &'a [f32],
+    pub lut: &'a [u8],
+}
+
+pub(crate) fn planar_row(acts: &Acts, t: usize) -> PlanarRow<'_> {
+    let p = Planar::new(acts.cols());
+    let row = acts.aux_row(t);
+    let (n, nb, nl) = (acts.cols(), acts.cols() / 32, acts.cols().div_ceil(128) * 16);
+    PlanarRow {
+        qs: bytemuck::cast_slice(&row[..n]),
+        pos: &row[p.pos..p.pos + n],
+        neg: &row[p.neg..p.neg + n],
+        lanes: bytemuck::cast_slice(&row[p.lanes..p.lanes + nl * 4]),
+        bias: bytemuck::cast_slice(&row[p.bias..p.bias + nl * 4]),
+        scales: bytemuck::cast_slice(&row[p.scales..p.scales + nb * 4]),
+        sums: bytemuck::cast_slice(&row[p.sums..p.sums + nb * 4]),
+        lut: &row[p.lut..p.lut + n / 4 * 32],
+    }
+}
+
+/// Which 32-block (0..4) of a 128-chunk i32 lane `l` of the combined 1-bit sums belongs to.
+///
+/// The chunk's first and second 64 bytes are each summed by `psadbw` into 8 u64 lanes (lanes
+/// 0..4 from the first 32-block of the 64, 4..8 from the second); the first sums fill the even
+/// i32 lanes and the second the odd ones.
+pub(crate) fn lane_block(l: usize) -> usize {
+    let half = l % 2; // 0: first 64 bytes, 1: second
+    let within = (l / 2) / 4; // which 32-block of those 64
+    2 * half + within
+}
+
+/// Build the planar layout for Q8_0/Q8_1 activations (rows in parallel); other formats are
+/// read as they are. `extra` bytes are reserved after the rows for a tier's own use.
+pub(crate) fn prepare_planar(pool: &Pool, acts: &mut Acts, w_ty: GgmlType, extra: usize) {
+    let format = acts.format();
+    if !matches!(format, ActFormat::Q8_0 | ActFormat::Q8_1) {
+        return;
+    }
+    let (rows, cols, rb) = (acts.rows(), acts.cols(), acts.row_bytes());
+    let p = Planar::new(cols);
+    let (src, aux) = acts.reset_aux(p.row_bytes, extra);
+    let out = SharedMut(aux.as_mut_ptr());
+    let fill = |t: usize| {
+        // SAFETY: each row index is handed to one thread, and rows do not overlap.
+        let row = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(t * p.row_bytes), p.row_bytes) };
+        // SAFETY: every x86 SIMD tier requires AVX2.
+        unsafe { fill_planar_row(format, &src[t * rb..(t + 1) * rb], row, &p, cols) };
+        if w_ty == GgmlType::Q1_0 {
+            fill_lut(row, &p, cols);
+        }
+    };
+    if rows < 8 {
+        (0..rows).for_each(fill);
+    } else {
+        pool.for_chunks(rows, 4, &|_, r| r.for_each(fill));
+    }
+}
+
+struct SharedMut(*mut u8);
+// SAFETY: used to give disjoint rows of one buffer to different threads.
+unsafe impl Sync for SharedMut {}
+impl SharedMut {
+    fn ptr(&self) -> *mut u8 {
+        self.0
+    }
+}
+
+/// The 16 sums ±a0±a1±a2±a3 of every 4 values (bit i of the index set: +a_i), split into
+/// low and high bytes.
+fn fill_lut(row: &mut [u8], p: &Planar, cols: usize) {
+    let (qs, rest) = row.split_at_mut(p.lut);
+    let lut = &mut rest[..cols / 4 * 32];
+    for (g, out) in lut.chunks_exact_mut(32).enumerate() {
+        let a: [i16; 4] = std::array::from_fn(|i| qs[4 * g + i] as i8 as i16);
+        let mut t = [0i16; 16];
+        t[0] = -(a[0] + a[1] + a[2] + a[3]);
+        for v in 1..16usize {
+            let i = v.trailing_zeros() as usize;
+            t[v] = t[v & (v - 1)] + 2 * a[i];
+        }
+        for (v, &x) in t.iter().enumerate() {
+            out[v] = x as u8;
+            out[16 + v] = (x >> 8) as u8;
+        }
+    }
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn fill_planar_row(format: ActFormat, blocks_in: &[u8], out: &mut [u8], p: &Planar, cols: usize) {
+    use std::arch::x86_64::*;
+    let nb = cols / 32;
+    let bias = _mm256_set1_epi8(-128);
+    let mut scales = [0f32; 4];
+    for i in 0..nb {
+        let (qs, d, s) = match format {
+            ActFormat::Q8_0 => {
+                let b = &blocks::<BlockQ8_0>(blocks_in)[i];
+                let d = f16_to_f32(u16::from_le_bytes(b.d));
+                (&b.qs, d, d * b.qs.iter().map(|&q| q as i32).sum::<i32>() as f32)
+            }
+            _ => {
+                let b = &blocks::<BlockQ8_1>(blocks_in)[i];
+                (&b.qs, f16_to_f32(u16::from_le_bytes(b.d)), f16_to_f32(u16::from_le_bytes(b.s)))
+            }
+        };
+        unsafe {
+            let q = _mm256_loadu_si256(qs.as_ptr() as *const __m256i);
+            let at = 32 * i;
+            _mm256_storeu_si256(out.as_mut_ptr().add(at) as *mut __m256i, q);
+            _mm256_storeu_si256(out.as_mut_ptr().add(p.pos + at) as *mut __m256i, _mm256_xor_si256(q, bias));
+            let neg = _mm256_sub_epi8(_mm256_setzero_si256(), q);
+            _mm256_storeu_si256(out.as_mut_ptr().add(p.neg + at) as *mut __m256i, _mm256_xor_si256(neg, bias));
+        }
+        out[p.scales + 4 * i..][..4].copy_from_slice(&d.to_le_bytes());
+        out[p.sums + 4 * i..][..4].copy_from_slice(&s.to_le_bytes());
+        scales[i % 4] = d;
+        if i % 4 == 3 || i + 1 == nb {
+            let c = i / 4;
+            for l in 0..16 {
+                let k = lane_block(l);
+                let scale = if 4 * c + k < nb { scales[k] } else { 0.0 };
+                out[p.lanes + 64 * c + 4 * l..][..4].copy_from_slice(&scale.to_le_bytes());
+                out[p.bias + 64 * c + 4 * l..][..4].copy_from_slice(&(-1024.0 * scale).to_le_bytes());
+            }
+            scales = [0.0; 4];
+        }
+    }
+}

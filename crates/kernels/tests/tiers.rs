@@ -1,0 +1,153 @@
+//! Every SIMD tier against the scalar reference, on random inputs: odd sizes, several token
+//! counts (decode and batched paths), tiny and huge scales. Products must agree to within
+//! 1e-5 of the sum of |terms| (the integer parts are exact; only f32 summation order differs).
+
+use onebit_gguf::GgmlType;
+use onebit_kernels::formats::quantize;
+use onebit_kernels::{Acts, KernelTier, Kernels, MatRef, Pool};
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn f32(&mut self) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+const MATMUL_TYPES: &[GgmlType] = &[
+    GgmlType::Q1_0,
+    GgmlType::Q2_0,
+    GgmlType::TQ1_0,
+    GgmlType::TQ2_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::F32,
+];
+
+fn simd_tiers() -> Vec<KernelTier> {
+    KernelTier::available().into_iter().filter(|&t| t != KernelTier::Scalar).collect()
+}
+
+/// Random weights of `ty` (`rows` × `cols`), with per-row magnitudes from 1e-3 to 1e3.
+fn weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let row_bytes = ty.bytes_for(cols as u64).unwrap() as usize;
+    let mut data = vec![0u8; rows * row_bytes];
+    for r in 0..rows {
+        let scale = [1e-3f32, 0.5, 1.0, 7.0, 1e3][r % 5];
+        let x: Vec<f32> = (0..cols).map(|_| rng.f32() * scale).collect();
+        quantize(ty, &x, &mut data[r * row_bytes..(r + 1) * row_bytes]).unwrap();
+    }
+    data
+}
+
+fn check_matmul(tier: KernelTier, ty: GgmlType, rows: usize, cols: usize, tokens: usize, rng: &mut Rng) {
+    let (simd, scalar) = (Kernels::new(tier).unwrap(), Kernels::new(KernelTier::Scalar).unwrap());
+    let pool = Pool::new(2);
+    let data = weights(rng, ty, rows, cols);
+    let w = MatRef::new(ty, rows, cols, &data).unwrap();
+    let x: Vec<f32> = (0..tokens * cols).map(|i| rng.f32() * [0.01f32, 1.0, 40.0][i / cols % 3]).collect();
+    let (mut a_simd, mut a_ref) = (Acts::new(), Acts::new());
+    simd.quantize_acts(&pool, ty, &x, cols, &mut a_simd).unwrap();
+    scalar.quantize_acts(&pool, ty, &x, cols, &mut a_ref).unwrap();
+    assert_eq!(a_simd.bytes(), a_ref.bytes(), "{tier} {ty}: quantized activations differ from the reference");
+    let (mut got, mut want) = (vec![0f32; tokens * rows], vec![0f32; tokens * rows]);
+    simd.matmul(&pool, &w, &a_simd, &mut got).unwrap();
+    scalar.matmul(&pool, &w, &a_ref, &mut want).unwrap();
+    // The tier's repacked layout, where it has one, must give the same products.
+    let packed = simd.pack(&pool, &w);
+    let mut got_packed = got.clone();
+    if let Some(p) = &packed {
+        simd.matmul(&pool, &w.with_packed(Some(p)), &a_simd, &mut got_packed).unwrap();
+    }
+    // The size of the terms: |W| · |X| per output, from the dequantized weights.
+    let mut wd = vec![0f32; rows * cols];
+    onebit_kernels::formats::dequantize(ty, &data, &mut wd).unwrap();
+    for t in 0..tokens {
+        for r in 0..rows {
+            let mag: f32 = (0..cols).map(|k| (wd[r * cols + k] * x[t * cols + k]).abs()).sum();
+            let e = want[t * rows + r];
+            for (g, how) in [(got[t * rows + r], "plain"), (got_packed[t * rows + r], "packed")] {
+                assert!(
+                    (g - e).abs() <= 1e-5 * mag + f32::MIN_POSITIVE,
+                    "{tier} {ty} ({how}) {rows}x{cols}, {tokens} tokens: out[{t}][{r}] = {g}, reference {e} (terms {mag})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn matmuls_match_the_scalar_reference() {
+    let mut rng = Rng(0xdead_beef);
+    for tier in simd_tiers() {
+        for &ty in MATMUL_TYPES {
+            let cols_unit = (ty.block_size() as usize).max(32).max(if ty.block_size() == 1 { 32 } else { 0 });
+            let k = (256 / cols_unit).max(1) * cols_unit; // a multiple of every block size
+            for (rows, cols, tokens) in
+                [(1, k, 1), (37, 3 * k, 1), (19, k, 5), (33, 5 * k, 17), (64, 2 * k, 40), (130, 2 * k, 3)]
+            {
+                check_matmul(tier, ty, rows, cols, tokens, &mut rng);
+            }
+        }
+    }
+}
+
+#[test]
+fn vector_ops_match_the_scalar_reference() {
+    let mut rng = Rng(0x5eed);
+    let scalar = Kernels::new(KernelTier::Scalar).unwrap();
+    for tier in simd_tiers() {
+        let k = Kernels::new(tier).unwrap();
+        for n in [1usize, 7, 32, 63, 64, 65, 257, 4096] {
+            let x: Vec<f32> = (0..n).map(|_| rng.f32() * 30.0).collect();
+            let y: Vec<f32> = (0..n).map(|_| rng.f32()).collect();
+            let h: Vec<u16> = y.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+            let close = |a: f32, b: f32, mag: f32| (a - b).abs() <= 1e-5 * mag.max(a.abs()).max(1e-30);
+
+            let (mut o1, mut o2) = (vec![0f32; n], vec![0f32; n]);
+            k.rms_norm(&x, &y, 1e-6, &mut o1);
+            scalar.rms_norm(&x, &y, 1e-6, &mut o2);
+            assert!(o1.iter().zip(&o2).all(|(a, b)| close(*a, *b, b.abs())), "{tier} rms_norm n={n}");
+
+            let (mut s1, mut s2) = (x.clone(), x.clone());
+            k.softmax(&mut s1);
+            scalar.softmax(&mut s2);
+            assert!(s1.iter().zip(&s2).all(|(a, b)| close(*a, *b, *b)), "{tier} softmax n={n}");
+
+            let (mut g1, mut g2) = (x.clone(), x.clone());
+            k.silu_mul(&mut g1, &y);
+            scalar.silu_mul(&mut g2, &y);
+            assert!(g1.iter().zip(&g2).all(|(a, b)| close(*a, *b, b.abs())), "{tier} silu_mul n={n}");
+
+            let mag: f32 = x.iter().zip(&y).map(|(a, b)| (a * b).abs()).sum();
+            assert!(close(k.dot_f32(&x, &y), scalar.dot_f32(&x, &y), mag), "{tier} dot_f32 n={n}");
+            assert!(close(k.dot_f16(&x, &h), scalar.dot_f16(&x, &h), mag), "{tier} dot_f16 n={n}");
+
+            let (mut a1, mut a2) = (y.clone(), y.clone());
+            k.axpy_f32(0.37, &x, &mut a1);
+            scalar.axpy_f32(0.37, &x, &mut a2);
+            assert!(a1.iter().zip(&a2).all(|(a, b)| close(*a, *b, 12.0)), "{tier} axpy_f32 n={n}");
+            let (mut a1, mut a2) = (x.clone(), x.clone());
+            k.axpy_f16(-1.5, &h, &mut a1);
+            scalar.axpy_f16(-1.5, &h, &mut a2);
+            assert!(a1.iter().zip(&a2).all(|(a, b)| close(*a, *b, 32.0)), "{tier} axpy_f16 n={n}");
+        }
+    }
+}
