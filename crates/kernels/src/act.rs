@@ -189,6 +189,11 @@ impl Acts {
     pub fn aux_row_bytes(&self) -> usize {
         self.aux_row_bytes
     }
+
+    /// The tier's bytes after the private rows (see [`Acts::reset_aux`]).
+    pub fn aux_extra(&self) -> &[u8] {
+        &self.aux.as_bytes()[self.rows * self.aux_row_bytes..]
+    }
 }
 
 /// The scalar reference: quantize one row of f32 into `format`.

@@ -15,17 +15,19 @@ pub(crate) struct Table {
     pub row_kernel: fn(GgmlType) -> Option<RowKernel>,
     pub quantize_row: fn(ActFormat, &[f32], &mut [u8]),
     /// Build the tier's private layout of freshly quantized activations (or nothing), for
-    /// products with weights of the given type.
-    pub prepare: fn(&Pool, &mut Acts, GgmlType),
+    /// products with weights of every type given (all of them take this activation format).
+    pub prepare: fn(&Pool, &mut Acts, &[GgmlType]),
     /// Repack a matrix for this tier's kernels, where it has a packed kernel for the type.
     pub pack: fn(&MatRef, &Pool) -> Option<PackedMat>,
     pub rms_norm: fn(&[f32], &[f32], f32, &mut [f32]),
     pub softmax: fn(&mut [f32]),
     pub silu_mul: fn(&mut [f32], &[f32]),
     pub dot_f32: fn(&[f32], &[f32]) -> f32,
-    pub dot_f16: fn(&[f32], &[u16]) -> f32,
-    pub axpy_f32: fn(f32, &[f32], &mut [f32]),
-    pub axpy_f16: fn(f32, &[u16], &mut [f32]),
+    pub f16_to_f32: fn(&[u16], &mut [f32]),
+    pub f32_to_f16: fn(&[f32], &mut [u16]),
+    pub round_f16: fn(&mut [f32]),
+    pub gemm_nt: fn(&[f32], &[f32], usize, &mut [f32], usize),
+    pub gemm_nn_acc: fn(&[f32], usize, &[f32], usize, &mut [f32]),
 }
 
 /// The kernels of one tier.
@@ -41,11 +43,14 @@ impl std::fmt::Debug for Kernels {
     }
 }
 
-/// Rows of output per unit of work handed to a thread (packed matrices: their row group).
-const ROW_CHUNK: usize = 16;
-
-fn chunk_rows(w: &MatRef) -> usize {
-    if w.packed.is_some() { crate::pack::GROUP } else { ROW_CHUNK }
+/// Rows of output per unit of work handed to a thread: packed matrices go by their row group,
+/// batches by pairs of 16-row tiles (which tiled kernels expand once for all tokens).
+fn chunk_rows(w: &MatRef, acts: &Acts) -> usize {
+    match (w.packed.is_some(), acts.rows() >= 16) {
+        (true, _) => crate::pack::GROUP,
+        (false, true) => 32,
+        (false, false) => 16,
+    }
 }
 
 impl Kernels {
@@ -80,7 +85,28 @@ impl Kernels {
         cols: usize,
         acts: &mut Acts,
     ) -> Result<(), KernelError> {
-        let format = ActFormat::for_weights(w_ty)?;
+        self.quantize_acts_for(pool, &[w_ty], x, cols, acts)
+    }
+
+    /// Quantize `x` once for products with weights of several types that share an activation
+    /// format (e.g. q, k and v projections stored in different types).
+    pub fn quantize_acts_for(
+        &self,
+        pool: &Pool,
+        w_tys: &[GgmlType],
+        x: &[f32],
+        cols: usize,
+        acts: &mut Acts,
+    ) -> Result<(), KernelError> {
+        let Some(&first) = w_tys.first() else {
+            return Err(KernelError::Unsupported { ty: GgmlType::F32, what: "activations for no weights" });
+        };
+        let format = ActFormat::for_weights(first)?;
+        for &ty in &w_tys[1..] {
+            if ActFormat::for_weights(ty)? != format {
+                return Err(KernelError::Mismatch { weights: ty, cols, acts: format!("{format:?} × {cols}") });
+            }
+        }
         let rows = x.len() / cols.max(1);
         acts.reset(format, rows, cols)?;
         let quantize = self.table.quantize_row;
@@ -88,7 +114,7 @@ impl Kernels {
             for t in 0..rows {
                 quantize(format, &x[t * cols..(t + 1) * cols], acts.row_mut(t));
             }
-            (self.table.prepare)(pool, acts, w_ty);
+            (self.table.prepare)(pool, acts, w_tys);
             return Ok(());
         }
         let rb = acts.row_bytes();
@@ -100,7 +126,7 @@ impl Kernels {
                 quantize(format, &x[t * cols..(t + 1) * cols], row);
             }
         });
-        (self.table.prepare)(pool, acts, w_ty);
+        (self.table.prepare)(pool, acts, w_tys);
         Ok(())
     }
 
@@ -111,7 +137,7 @@ impl Kernels {
             return Err(KernelError::Size { ty: GgmlType::F32, elements: acts.rows() * w.rows, bytes: out.len() * 4 });
         }
         let ptr = OutPtr::new(out, w.rows);
-        pool.for_chunks(w.rows, chunk_rows(w), &|_, rows| kernel.run(w, rows, acts, ptr));
+        pool.for_chunks(w.rows, chunk_rows(w, acts), &|_, rows| kernel.run(w, rows, acts, ptr));
         Ok(())
     }
 
@@ -138,12 +164,12 @@ impl Kernels {
             }
             jobs.push((kernel, OutPtr::new(out, w.rows)));
             offsets.push(total);
-            total += w.rows.div_ceil(chunk_rows(w));
+            total += w.rows.div_ceil(chunk_rows(w, acts));
         }
         pool.for_chunks(total, 1, &|_, chunks| {
             for c in chunks {
                 let i = offsets.partition_point(|&o| o <= c) - 1;
-                let size = chunk_rows(ws[i]);
+                let size = chunk_rows(ws[i], acts);
                 let start = (c - offsets[i]) * size;
                 let rows = start..(start + size).min(ws[i].rows);
                 jobs[i].0.run(ws[i], rows, acts, jobs[i].1);
@@ -187,16 +213,39 @@ impl Kernels {
         (self.table.dot_f32)(a, b)
     }
 
-    pub fn dot_f16(&self, a: &[f32], b: &[u16]) -> f32 {
-        (self.table.dot_f16)(a, b)
+    /// Widen IEEE halves to f32 (`src` and `dst` of the same length).
+    pub fn f16_to_f32(&self, src: &[u16], dst: &mut [f32]) {
+        assert_eq!(src.len(), dst.len(), "f16_to_f32: lengths differ");
+        (self.table.f16_to_f32)(src, dst)
     }
 
-    pub fn axpy_f32(&self, alpha: f32, x: &[f32], y: &mut [f32]) {
-        (self.table.axpy_f32)(alpha, x, y)
+    /// Narrow f32 to IEEE halves, rounding to nearest even (`src` and `dst` of the same length).
+    pub fn f32_to_f16(&self, src: &[f32], dst: &mut [u16]) {
+        assert_eq!(src.len(), dst.len(), "f32_to_f16: lengths differ");
+        (self.table.f32_to_f16)(src, dst)
     }
 
-    pub fn axpy_f16(&self, alpha: f32, x: &[u16], y: &mut [f32]) {
-        (self.table.axpy_f16)(alpha, x, y)
+    /// Round every value to the nearest IEEE half (the values stay f32).
+    pub fn round_f16(&self, x: &mut [f32]) {
+        (self.table.round_f16)(x)
+    }
+
+    /// `out[i·ldo + j] = a_i · b_j` for the rows of `k` values of `a` (m rows) and `b` (n rows):
+    /// attention scores of a block of queries against a block of keys.
+    pub fn gemm_nt(&self, a: &[f32], b: &[f32], k: usize, out: &mut [f32], ldo: usize) {
+        let (m, n) = (a.len() / k.max(1), b.len() / k.max(1));
+        assert!(k > 0 && a.len() == m * k && b.len() == n * k, "gemm_nt: rows are not whole");
+        assert!(m == 0 || (n <= ldo && (m - 1) * ldo + n <= out.len()), "gemm_nt: output too small");
+        (self.table.gemm_nt)(a, b, k, out, ldo)
+    }
+
+    /// `out_i += Σ_j a[i·lda + j] · b_j` for the rows `b_j` of `n` values and the rows of `out`:
+    /// attention-weighted values of a block of keys.
+    pub fn gemm_nn_acc(&self, a: &[f32], lda: usize, b: &[f32], n: usize, out: &mut [f32]) {
+        let (m, kk) = (out.len() / n.max(1), b.len() / n.max(1));
+        assert!(n > 0 && out.len() == m * n && b.len() == kk * n, "gemm_nn_acc: rows are not whole");
+        assert!(m == 0 || (kk <= lda && (m - 1) * lda + kk <= a.len()), "gemm_nn_acc: weights too small");
+        (self.table.gemm_nn_acc)(a, lda, b, n, out)
     }
 }
 

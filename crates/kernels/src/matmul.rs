@@ -94,6 +94,17 @@ impl OutPtr {
         debug_assert!(i < self.len);
         unsafe { *self.ptr.add(i) = v };
     }
+
+    /// Where element (t, r) lies, for vector stores of a run of rows.
+    ///
+    /// # Safety
+    /// Element (t, r) must be inside the output, and the caller may write only the rows it owns.
+    #[inline(always)]
+    pub unsafe fn ptr_at(&self, t: usize, r: usize) -> *mut f32 {
+        let i = t * self.stride + r;
+        debug_assert!(i < self.len);
+        unsafe { self.ptr.add(i) }
+    }
 }
 
 /// A kernel that fills rows `rows` of the output for every token in `acts`.

@@ -42,7 +42,7 @@ impl KernelTier {
             KernelTier::Scalar => true,
             KernelTier::Avx2 => cpu::has_avx2(),
             KernelTier::Avx512 => cpu::has_avx512(),
-            KernelTier::Amx => cpu::has_avx512() && cpu::amx_usable(),
+            KernelTier::Amx => cpu::has_avx512() && cpu::has_vbmi() && cpu::amx_usable(),
             KernelTier::Neon => cpu::has_neon(),
         }
     }
@@ -89,6 +89,10 @@ mod cpu {
             && is_x86_feature_detected!("avx512vnni")
     }
 
+    pub fn has_vbmi() -> bool {
+        is_x86_feature_detected!("avx512vbmi")
+    }
+
     pub fn amx_usable() -> bool {
         crate::amx_perm::request()
     }
@@ -109,6 +113,9 @@ mod cpu {
     pub fn amx_usable() -> bool {
         false
     }
+    pub fn has_vbmi() -> bool {
+        false
+    }
     pub fn has_neon() -> bool {
         std::arch::is_aarch64_feature_detected!("neon") && std::arch::is_aarch64_feature_detected!("dotprod")
     }
@@ -123,6 +130,9 @@ mod cpu {
         false
     }
     pub fn amx_usable() -> bool {
+        false
+    }
+    pub fn has_vbmi() -> bool {
         false
     }
     pub fn has_neon() -> bool {

@@ -6,13 +6,14 @@
 //! the weights). Attention is the only per-sequence step: each token attends over its own
 //! sequence's cache up to its own position.
 
+use onebit_gguf::GgmlType;
 use onebit_kernels::formats::dequantize;
-use onebit_kernels::matmul::OutPtr;
 use onebit_kernels::{ActFormat, Acts, Kernels, MatRef, PerThread, Pool};
 
+use crate::attention::{Attention, AttnScratch};
 use crate::config::Config;
 use crate::error::ModelError;
-use crate::kv_cache::{KvCache, KvRow};
+use crate::kv_cache::KvCache;
 use crate::rope::RopeAngles;
 use crate::weights::{Layer, Weight, Weights};
 
@@ -87,7 +88,7 @@ pub struct Scratch {
     up: Vec<f32>,
     rope: Vec<RopeAngles>,
     acts: Acts,
-    scores: PerThread<Vec<f32>>,
+    attn_scratch: PerThread<AttnScratch>,
     /// Per batch token: (sequence, position).
     where_: Vec<(usize, usize)>,
 }
@@ -105,7 +106,7 @@ impl Scratch {
             up: Vec::new(),
             rope: Vec::new(),
             acts: Acts::new(),
-            scores: PerThread::new(n_threads, Vec::new),
+            attn_scratch: PerThread::new(n_threads, AttnScratch::default),
             where_: Vec::new(),
         }
     }
@@ -212,7 +213,7 @@ impl Net<'_> {
             self.prepare_qkv(layer, t, sc);
             let (s, pos) = sc.where_[t];
             let (kt, vt) = (&sc.k[t * c.kv_dim()..(t + 1) * c.kv_dim()], &sc.v[t * c.v_dim()..(t + 1) * c.v_dim()]);
-            batch[s].cache.write(l, pos, kt, vt);
+            batch[s].cache.write(self.kernels, l, pos, kt, vt);
         }
         self.attend(l, batch, sc, n);
         let attn_dim = c.n_heads * c.value_dim;
@@ -248,66 +249,16 @@ impl Net<'_> {
 
     /// Causal attention of every (token, head) over its sequence's cache.
     fn attend(&self, l: usize, batch: &[SeqInput], sc: &mut Scratch, n: usize) {
-        let c = self.config;
-        let kernels = self.kernels;
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
         let caches: Vec<&KvCache> = batch.iter().map(|item| &*item.cache).collect();
-        let longest = sc.where_[..n].iter().map(|&(_, p)| p + 1).max().unwrap_or(0);
-        for s in sc.scores.iter_mut() {
-            s.resize(longest, 0.0);
-        }
-        let (q, where_, scores) = (&sc.q, &sc.where_, &sc.scores);
-        let out = OutPtr::new(&mut sc.attn, 1);
-        let width = c.n_heads * c.value_dim;
-        self.pool.for_chunks(n * c.n_heads, 1, &|tid, units| {
-            // SAFETY: `tid` is this thread's own index in the running job.
-            let scores = unsafe { scores.get(tid) };
-            for unit in units {
-                let (t, h) = (unit / c.n_heads, unit % c.n_heads);
-                let (s, pos) = where_[t];
-                let g = h / c.group();
-                let seen = pos + 1;
-                let sc = &mut scores[..seen];
-                // Like llama.cpp, products with an f16 cache are taken at f16 precision: q is
-                // rounded before q·k, and the softmax weights before they scale v.
-                let mut qh = [0f32; 1024];
-                let qh = &mut qh[..c.head_dim];
-                qh.copy_from_slice(&q[t * c.q_dim() + h * c.head_dim..][..c.head_dim]);
-                match caches[s].keys(l, g, seen) {
-                    KvRow::F16(keys) => {
-                        round_to_f16(qh);
-                        for (j, o) in sc.iter_mut().enumerate() {
-                            *o = kernels.dot_f16(qh, &keys[j * c.head_dim..(j + 1) * c.head_dim]) * scale;
-                        }
-                    }
-                    KvRow::F32(keys) => {
-                        for (j, o) in sc.iter_mut().enumerate() {
-                            *o = kernels.dot_f32(qh, &keys[j * c.head_dim..(j + 1) * c.head_dim]) * scale;
-                        }
-                    }
-                }
-                kernels.softmax(sc);
-                let mut acc = [0f32; 1024];
-                let acc = &mut acc[..c.value_dim];
-                match caches[s].values(l, g, seen) {
-                    KvRow::F16(vals) => {
-                        round_to_f16(sc);
-                        for (j, &p) in sc.iter().enumerate() {
-                            kernels.axpy_f16(p, &vals[j * c.value_dim..(j + 1) * c.value_dim], acc);
-                        }
-                    }
-                    KvRow::F32(vals) => {
-                        for (j, &p) in sc.iter().enumerate() {
-                            kernels.axpy_f32(p, &vals[j * c.value_dim..(j + 1) * c.value_dim], acc);
-                        }
-                    }
-                }
-                for (i, &a) in acc.iter().enumerate() {
-                    // SAFETY: unit (t, h) owns this slice of the output.
-                    unsafe { out.write(0, t * width + h * c.value_dim + i, a) };
-                }
-            }
-        });
+        let attention = Attention {
+            config: self.config,
+            kernels: self.kernels,
+            layer: l,
+            caches: &caches,
+            q: &sc.q[..n * self.config.q_dim()],
+            where_: &sc.where_[..n],
+        };
+        attention.run(self.pool, &sc.attn_scratch, &mut sc.attn[..n * self.config.n_heads * self.config.value_dim]);
     }
 
     fn mlp_block(&self, layer: &Layer, sc: &mut Scratch, n: usize) -> Result<(), ModelError> {
@@ -356,10 +307,11 @@ impl Net<'_> {
                 continue;
             }
             let format = ActFormat::for_weights(mats[i].ty)?;
-            self.kernels.quantize_acts(self.pool, mats[i].ty, input, cols, acts)?;
             let group: Vec<usize> = (i..mats.len())
                 .filter(|&j| !done[j] && ActFormat::for_weights(mats[j].ty).ok() == Some(format))
                 .collect();
+            let types: Vec<GgmlType> = group.iter().map(|&j| mats[j].ty).collect();
+            self.kernels.quantize_acts_for(self.pool, &types, input, cols, acts)?;
             let ws: Vec<&MatRef> = group.iter().map(|&j| mats[j]).collect();
             let mut os: Vec<&mut [f32]> = Vec::with_capacity(group.len());
             for (j, out) in outs.iter_mut().enumerate() {
@@ -402,10 +354,6 @@ impl Net<'_> {
         logits.rows = rows.iter().map(|&(s, i, _)| (s, i)).collect();
         Ok(logits)
     }
-}
-
-fn round_to_f16(x: &mut [f32]) {
-    x.iter_mut().for_each(|v| *v = half::f16::from_f32(*v).to_f32());
 }
 
 fn add_into(x: &mut [f32], y: &[f32]) {

@@ -15,6 +15,7 @@
 //! table of tensors, [`forward`] runs a batch of sequences through the blocks (norm, attention,
 //! MLP), and [`kv_cache`] holds each sequence's keys and values.
 
+mod attention;
 pub mod config;
 mod error;
 pub mod forward;
@@ -74,6 +75,7 @@ impl Model {
             None => Kernels::best(),
         };
         let mut config = Config::from_metadata(&file.metadata())?;
+        options.kv_type.check(&config)?;
         let weights = weights::Weights::load(&file, &mut config, kernels)?;
         let threads = if options.threads == 0 { Pool::default_threads() } else { options.threads };
         Ok(Model { weights, config, kernels, pool: Mutex::new(Pool::new(threads)), kv_type: options.kv_type, file })
@@ -99,7 +101,7 @@ impl Model {
     /// A cache for one sequence of up to `capacity` positions (0: the model's trained context).
     pub fn new_cache(&self, capacity: usize) -> KvCache {
         let capacity = if capacity == 0 { self.config.context_length } else { capacity };
-        KvCache::new(&self.config, capacity, self.kv_type)
+        KvCache::new_checked(&self.config, capacity, self.kv_type)
     }
 
     /// Scratch buffers for [`Model::forward`].

@@ -132,7 +132,6 @@ impl<'a> Table<'a> {
         Ok(Weight::new(self.matrix(name, cols, rows, Need::Required)?.expect("required")))
     }
 
-
     /// A vector, converted to f32.
     fn vector(&mut self, name: &str, len: usize, need: Need) -> Result<Option<Vec<f32>>, ModelError> {
         let Some(t) = self.find(name, &[len], need)? else {

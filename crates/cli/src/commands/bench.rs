@@ -31,7 +31,7 @@ pub struct Args {
     /// Kernel family [default: the best this CPU runs].
     #[arg(long, value_name = "TIER")]
     pub kernel_tier: Option<KernelTier>,
-    /// KV cache type: f16 or f32.
+    /// KV cache type: f16, f32 or q8_0.
     #[arg(long, default_value = "f16", value_name = "TYPE")]
     pub kv_type: KvType,
     /// Print the rows as a JSON array.

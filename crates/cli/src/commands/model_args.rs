@@ -20,7 +20,7 @@ pub struct ModelArgs {
     /// Context size of a sequence, in tokens [default: the model's trained context].
     #[arg(short = 'c', long = "ctx-size", value_name = "N")]
     pub ctx_size: Option<usize>,
-    /// How the KV cache stores keys and values: f16 or f32.
+    /// How the KV cache stores keys and values: f16 (as llama.cpp), f32, or q8_0 (half the bytes).
     #[arg(long, default_value = "f16", value_name = "TYPE")]
     pub kv_type: KvType,
 }

@@ -16,7 +16,9 @@ pub(crate) static TABLE: Table = Table {
     softmax: ops::softmax,
     silu_mul: ops::silu_mul,
     dot_f32: ops::dot_f32,
-    dot_f16: ops::dot_f16,
-    axpy_f32: ops::axpy_f32,
-    axpy_f16: ops::axpy_f16,
+    f16_to_f32: ops::f16_to_f32,
+    f32_to_f16: ops::f32_to_f16,
+    round_f16: ops::round_f16,
+    gemm_nt: ops::gemm_nt,
+    gemm_nn_acc: ops::gemm_nn_acc,
 };

@@ -1,8 +1,6 @@
 //! Reference vector operations of a transformer layer, in ggml's arithmetic where it matters
 //! (RMS norm sums squares in f64, softmax subtracts the maximum).
 
-use crate::formats::f16_to_f32;
-
 /// `out = x / sqrt(mean(x²) + eps) * w`.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
@@ -36,21 +34,36 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
-/// `a` (f32) dotted with `b` stored as IEEE halves.
-pub fn dot_f16(a: &[f32], b: &[u16]) -> f32 {
-    a.iter().zip(b).map(|(x, &y)| x * f16_to_f32(y)).sum()
+/// Widen IEEE halves to f32.
+pub fn f16_to_f32(src: &[u16], dst: &mut [f32]) {
+    dst.iter_mut().zip(src).for_each(|(d, &h)| *d = crate::formats::f16_to_f32(h));
 }
 
-/// `y += alpha * x`.
-pub fn axpy_f32(alpha: f32, x: &[f32], y: &mut [f32]) {
-    for (o, &v) in y.iter_mut().zip(x) {
-        *o += alpha * v;
+/// Narrow f32 to IEEE halves, rounding to nearest even.
+pub fn f32_to_f16(src: &[f32], dst: &mut [u16]) {
+    dst.iter_mut().zip(src).for_each(|(d, &x)| *d = crate::formats::f32_to_f16(x));
+}
+
+/// Round every value to the nearest f16 (kept as f32).
+pub fn round_f16(x: &mut [f32]) {
+    x.iter_mut().for_each(|v| *v = crate::formats::f16_to_f32(crate::formats::f32_to_f16(*v)));
+}
+
+/// `out[i·ldo + j] = a_i · b_j`, for the rows (of `k` values) of `a` and `b`.
+pub fn gemm_nt(a: &[f32], b: &[f32], k: usize, out: &mut [f32], ldo: usize) {
+    for (i, ai) in a.chunks_exact(k).enumerate() {
+        for (j, bj) in b.chunks_exact(k).enumerate() {
+            out[i * ldo + j] = dot_f32(ai, bj);
+        }
     }
 }
 
-/// `y += alpha * x`, with `x` stored as IEEE halves.
-pub fn axpy_f16(alpha: f32, x: &[u16], y: &mut [f32]) {
-    for (o, &v) in y.iter_mut().zip(x) {
-        *o += alpha * f16_to_f32(v);
+/// `out_i += Σ_j a[i·lda + j] · b_j`, for rows `b_j` of `n` values (`out`: rows of `n`).
+pub fn gemm_nn_acc(a: &[f32], lda: usize, b: &[f32], n: usize, out: &mut [f32]) {
+    for (i, oi) in out.chunks_exact_mut(n).enumerate() {
+        for (j, bj) in b.chunks_exact(n).enumerate() {
+            let w = a[i * lda + j];
+            oi.iter_mut().zip(bj).for_each(|(o, &v)| *o += w * v);
+        }
     }
 }

@@ -1,9 +1,12 @@
 //! The AVX-512 tier (F/BW/VL/VNNI): 8-bit integer dot products with `vpdpbusd`, 16 lanes of
 //! f32 for everything else. Types without a kernel here use the scalar reference.
 
+mod attn;
 mod kquants;
 mod matmul;
 mod ops;
+
+pub(crate) use ops::transpose16;
 
 use std::arch::x86_64::*;
 
@@ -14,10 +17,10 @@ use crate::dispatch::Table;
 use crate::formats::{BlockQ8_0, BlockQ8_1, blocks_mut, f32_to_f16};
 use crate::matmul::RowKernel;
 
-pub(crate) static TABLE: Table = Table {
+pub(crate) const TABLE: Table = Table {
     row_kernel,
     quantize_row,
-    prepare: |pool, acts, w_ty| super::prepare_planar(pool, acts, w_ty, 0),
+    prepare: |pool, acts, w_tys| super::prepare_planar(pool, acts, w_tys.contains(&GgmlType::Q1_0), 0),
     pack: |w, pool| {
         (w.ty == GgmlType::Q1_0 && w.cols <= 128 * matmul::MAX_BLOCKS).then(|| crate::pack::pack_q1_0(w, pool))
     },
@@ -25,9 +28,11 @@ pub(crate) static TABLE: Table = Table {
     softmax: ops::softmax,
     silu_mul: ops::silu_mul,
     dot_f32: ops::dot_f32,
-    dot_f16: ops::dot_f16,
-    axpy_f32: ops::axpy_f32,
-    axpy_f16: ops::axpy_f16,
+    f16_to_f32: attn::f16_to_f32,
+    f32_to_f16: attn::f32_to_f16,
+    round_f16: attn::round_f16,
+    gemm_nt: attn::gemm_nt,
+    gemm_nn_acc: attn::gemm_nn_acc,
 };
 
 pub(crate) fn row_kernel(ty: GgmlType) -> Option<RowKernel> {

@@ -1,4 +1,4 @@
-//! AVX-512 vector operations of a layer: RMS norm, softmax, SwiGLU, f32/f16 dot and axpy.
+//! AVX-512 vector operations of a layer: RMS norm, softmax, SwiGLU, f32 dot.
 
 use std::arch::x86_64::*;
 
@@ -20,6 +20,34 @@ pub(crate) fn exp_ps(x: __m512) -> __m512 {
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
     }
     _mm512_scalef_ps(p, n)
+}
+
+/// A 16 × 16 f32 transpose.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn transpose16(r: &[__m512; 16]) -> [__m512; 16] {
+    let a: [__m512; 16] = std::array::from_fn(|k| {
+        let (x, y) = (r[k & !1], r[k | 1]);
+        if k % 2 == 0 { _mm512_unpacklo_ps(x, y) } else { _mm512_unpackhi_ps(x, y) }
+    });
+    // b[4m + c] holds, in 128-bit lane L, rows 4m..4m+4 of column 4L + c.
+    let b: [__m512; 16] = std::array::from_fn(|k| {
+        let (m, c) = (k / 4, k % 4);
+        let (x, y) = (_mm512_castps_pd(a[4 * m + c / 2]), _mm512_castps_pd(a[4 * m + 2 + c / 2]));
+        _mm512_castpd_ps(if c % 2 == 0 { _mm512_unpacklo_pd(x, y) } else { _mm512_unpackhi_pd(x, y) })
+    });
+    let mut out = [_mm512_setzero_ps(); 16];
+    for c in 0..4 {
+        let e0 = _mm512_shuffle_f32x4::<0x88>(b[c], b[4 + c]);
+        let e1 = _mm512_shuffle_f32x4::<0xdd>(b[c], b[4 + c]);
+        let f0 = _mm512_shuffle_f32x4::<0x88>(b[8 + c], b[12 + c]);
+        let f1 = _mm512_shuffle_f32x4::<0xdd>(b[8 + c], b[12 + c]);
+        out[c] = _mm512_shuffle_f32x4::<0x88>(e0, f0);
+        out[8 + c] = _mm512_shuffle_f32x4::<0xdd>(e0, f0);
+        out[4 + c] = _mm512_shuffle_f32x4::<0x88>(e1, f1);
+        out[12 + c] = _mm512_shuffle_f32x4::<0xdd>(e1, f1);
+    }
+    out
 }
 
 #[inline]
@@ -153,66 +181,6 @@ fn dot_f32_impl(a: &[f32], b: &[f32]) -> f32 {
     hsum(_mm512_add_ps(s0, s1))
 }
 
-/// 16 halves to f32.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn load_f16(p: *const u16, mask: u16) -> __m512 {
-    unsafe { _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p as *const i16)) }
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-fn dot_f16_impl(a: &[f32], b: &[u16]) -> f32 {
-    let n = a.len().min(b.len());
-    let mut s = _mm512_setzero_ps();
-    let mut i = 0;
-    while i < n {
-        let k = (n - i).min(16);
-        let mask = ((1u32 << k) - 1) as u16;
-        unsafe {
-            s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, a.as_ptr().add(i)), load_f16(b.as_ptr().add(i), mask), s);
-        }
-        i += 16;
-    }
-    hsum(s)
-}
-
-#[target_feature(enable = "avx512f")]
-fn axpy_f32_impl(alpha: f32, x: &[f32], y: &mut [f32]) {
-    let n = x.len().min(y.len());
-    let a = _mm512_set1_ps(alpha);
-    let mut i = 0;
-    while i < n {
-        let k = (n - i).min(16);
-        let mask = ((1u32 << k) - 1) as u16;
-        unsafe {
-            let v = _mm512_fmadd_ps(
-                a,
-                _mm512_maskz_loadu_ps(mask, x.as_ptr().add(i)),
-                _mm512_maskz_loadu_ps(mask, y.as_ptr().add(i)),
-            );
-            _mm512_mask_storeu_ps(y.as_mut_ptr().add(i), mask, v);
-        }
-        i += 16;
-    }
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-fn axpy_f16_impl(alpha: f32, x: &[u16], y: &mut [f32]) {
-    let n = x.len().min(y.len());
-    let a = _mm512_set1_ps(alpha);
-    let mut i = 0;
-    while i < n {
-        let k = (n - i).min(16);
-        let mask = ((1u32 << k) - 1) as u16;
-        unsafe {
-            let v =
-                _mm512_fmadd_ps(a, load_f16(x.as_ptr().add(i), mask), _mm512_maskz_loadu_ps(mask, y.as_ptr().add(i)));
-            _mm512_mask_storeu_ps(y.as_mut_ptr().add(i), mask, v);
-        }
-        i += 16;
-    }
-}
-
 // Safe entry points for the table. SAFETY (all): the AVX-512 table is only handed out by
 // `Kernels::new` after `KernelTier::Avx512.is_available()` confirmed these features.
 pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -226,13 +194,4 @@ pub(crate) fn silu_mul(gate: &mut [f32], up: &[f32]) {
 }
 pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     unsafe { dot_f32_impl(a, b) }
-}
-pub(crate) fn dot_f16(a: &[f32], b: &[u16]) -> f32 {
-    unsafe { dot_f16_impl(a, b) }
-}
-pub(crate) fn axpy_f32(alpha: f32, x: &[f32], y: &mut [f32]) {
-    unsafe { axpy_f32_impl(alpha, x, y) }
-}
-pub(crate) fn axpy_f16(alpha: f32, x: &[u16], y: &mut [f32]) {
-    unsafe { axpy_f16_impl(alpha, x, y) }
 }

@@ -1,0 +1,257 @@
+//! Weights to AMX A tiles: 16 weight rows of one activation block at a time, as signed bytes
+//! with one f32 scale (and, for Q4_1/Q5_1, one f32 offset) per row and block.
+//!
+//! A block of `kb` values is `kb / colsb` tiles of 16 rows × `colsb` bytes; row `n` of step `s`
+//! holds values `s·colsb .. (s+1)·colsb` of weight row `n`. Every decoder here is SIMD because
+//! expansion is paid once per 16 rows and 32 tokens; a scalar decoder would cost more than the
+//! tile products it feeds.
+
+use std::arch::x86_64::*;
+
+use onebit_gguf::GgmlType;
+
+use super::Geometry;
+use crate::formats::{
+    BlockQ1_0, BlockQ2_0, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockTQ1_0, BlockTQ2_0, blocks,
+    f16_to_f32,
+};
+use crate::matmul::MatRef;
+use crate::pack::{GROUP, PackedMat, Q1_GROUP_BLOCK, scale_order};
+
+/// The expanded tiles of up to 16 weight rows: `blocks` blocks of `16 · kb` bytes, and per
+/// block 16 scales and 16 offsets.
+pub(super) struct TileRows<'a> {
+    pub qs: &'a mut [u8],
+    pub d: &'a mut [f32],
+    pub m: &'a mut [f32],
+}
+
+/// Types with an AMX product, and the activation geometry they take.
+pub(super) fn supports(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, Q1_0 | Q2_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | TQ1_0 | TQ2_0)
+}
+
+/// Expand rows `row0 .. row0 + 16` of `w` (rows past the end become zeros with scale 0).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,f16c")]
+pub(super) fn expand(w: &MatRef, row0: usize, g: Geometry, out: &mut TileRows) {
+    let nblk = w.cols / g.kb;
+    let n_rows = w.rows.saturating_sub(row0).min(16);
+    if n_rows < 16 {
+        out.qs[..nblk * 16 * g.kb].fill(0);
+        out.d[..nblk * 16].fill(0.0);
+        out.m[..nblk * 16].fill(0.0);
+    }
+    if let (GgmlType::Q1_0, Some(p)) = (w.ty, w.packed) {
+        return expand_q1_0_packed(p, row0, out);
+    }
+    let mut vals = [0i8; 256];
+    for n in 0..n_rows {
+        let row = w.row(row0 + n);
+        for blk in 0..nblk {
+            let (d, m) = decode(w.ty, row, blk, &mut vals);
+            out.d[16 * blk + n] = d;
+            out.m[16 * blk + n] = m;
+            let tile = &mut out.qs[blk * 16 * g.kb..(blk + 1) * 16 * g.kb];
+            for s in 0..g.kb / g.colsb {
+                let at = s * 16 * g.colsb + n * g.colsb;
+                tile[at..at + g.colsb].copy_from_slice(bytemuck::cast_slice(&vals[s * g.colsb..(s + 1) * g.colsb]));
+            }
+        }
+    }
+}
+
+/// One activation block (`blk`) of a weight row: values into `v`, returns (scale, offset).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,f16c")]
+fn decode(ty: GgmlType, row: &[u8], blk: usize, v: &mut [i8; 256]) -> (f32, f32) {
+    let h = |b: [u8; 2]| f16_to_f32(u16::from_le_bytes(b));
+    let out = v.as_mut_ptr();
+    // SAFETY: every store below writes inside `v` (at most 256 bytes), and the loads read whole
+    // blocks of `row`, which `MatRef` guarantees to be whole blocks.
+    unsafe {
+        match ty {
+            GgmlType::Q8_0 => {
+                let b = &blocks::<BlockQ8_0>(row)[blk];
+                _mm256_storeu_si256(out as *mut __m256i, _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i));
+                (h(b.d), 0.0)
+            }
+            GgmlType::Q4_0 => {
+                let b = &blocks::<BlockQ4_0>(row)[blk];
+                store_nibbles(&b.qs, -8, out);
+                (h(b.d), 0.0)
+            }
+            GgmlType::Q4_1 => {
+                let b = &blocks::<BlockQ4_1>(row)[blk];
+                store_nibbles(&b.qs, 0, out);
+                (h(b.d), h(b.m))
+            }
+            GgmlType::Q5_0 => {
+                let b = &blocks::<BlockQ5_0>(row)[blk];
+                store_q5(&b.qs, b.qh, -16, out);
+                (h(b.d), 0.0)
+            }
+            GgmlType::Q5_1 => {
+                let b = &blocks::<BlockQ5_1>(row)[blk];
+                store_q5(&b.qs, b.qh, 0, out);
+                (h(b.d), h(b.m))
+            }
+            GgmlType::Q1_0 => {
+                let b = &blocks::<BlockQ1_0>(row)[blk / 4];
+                let bits = u32::from_le_bytes(b.qs[4 * (blk % 4)..4 * (blk % 4) + 4].try_into().unwrap());
+                _mm256_storeu_si256(out as *mut __m256i, signs(bits));
+                (h(b.d), 0.0)
+            }
+            GgmlType::Q2_0 => {
+                let b = &blocks::<BlockQ2_0>(row)[blk / 2];
+                let q = u64::from_le_bytes(b.qs[8 * (blk % 2)..8 * (blk % 2) + 8].try_into().unwrap());
+                let codes = _mm256_multishift_epi64_epi8(CRUMB_SHIFTS_256, _mm256_set1_epi64x(q as i64));
+                let vals = _mm256_sub_epi8(_mm256_and_si256(codes, _mm256_set1_epi8(3)), _mm256_set1_epi8(1));
+                _mm256_storeu_si256(out as *mut __m256i, vals);
+                (h(b.d), 0.0)
+            }
+            GgmlType::TQ2_0 => {
+                let b = &blocks::<BlockTQ2_0>(row)[blk];
+                let x = _mm512_loadu_si512(b.qs.as_ptr() as *const __m512i);
+                for l in 0..4 {
+                    let shifted = _mm512_srlv_epi16(x, _mm512_set1_epi16(2 * l as i16));
+                    let vals = _mm512_sub_epi8(_mm512_and_si512(shifted, _mm512_set1_epi8(3)), _mm512_set1_epi8(1));
+                    // Bytes 0..32 are weights 32l + m, bytes 32..64 are 128 + 32l + m.
+                    _mm256_storeu_si256(out.add(32 * l) as *mut __m256i, _mm512_castsi512_si256(vals));
+                    _mm256_storeu_si256(out.add(128 + 32 * l) as *mut __m256i, _mm512_extracti64x4_epi64::<1>(vals));
+                }
+                (h(b.d), 0.0)
+            }
+            GgmlType::TQ1_0 => {
+                let b = &blocks::<BlockTQ1_0>(row)[blk];
+                let mut q = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
+                for n in 0..5 {
+                    _mm256_storeu_si256(out.add(32 * n) as *mut __m256i, trits_256(q));
+                    q = _mm256_add_epi8(q, _mm256_add_epi8(q, q));
+                }
+                let mut q = _mm_loadu_si128(b.qs.as_ptr().add(32) as *const __m128i);
+                for n in 0..5 {
+                    _mm_storeu_si128(out.add(160 + 16 * n) as *mut __m128i, trits_128(q));
+                    q = _mm_add_epi8(q, _mm_add_epi8(q, q));
+                }
+                let mut q = _mm_cvtsi32_si128(i32::from_le_bytes(b.qh));
+                let mut last = [0i8; 16];
+                for n in 0..4 {
+                    let t: [i8; 16] = std::mem::transmute(trits_128(q));
+                    last[4 * n..4 * n + 4].copy_from_slice(&t[..4]);
+                    q = _mm_add_epi8(q, _mm_add_epi8(q, q));
+                }
+                std::ptr::copy_nonoverlapping(last.as_ptr(), out.add(240), 16);
+                (h(b.d), 0.0)
+            }
+            other => unreachable!("no AMX expansion for {other}"),
+        }
+    }
+}
+
+/// For `vpmultishiftqb`: byte i of each 64-bit lane takes bits 2i.. of the lane, except that
+/// lanes 1..4 start 16 bits further each, so four lanes cover the 32 crumbs of 8 bytes.
+const CRUMB_SHIFTS_256: __m256i = unsafe {
+    std::mem::transmute::<[u8; 32], __m256i>([
+        0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56,
+        58, 60, 62,
+    ])
+};
+
+/// ±1 bytes from 32 sign bits (set: +1).
+#[inline(always)]
+fn signs(bits: u32) -> __m256i {
+    // SAFETY: only called from functions that enable AVX-512 BW/VL.
+    unsafe { _mm256_mask_blend_epi8(bits, _mm256_set1_epi8(-1), _mm256_set1_epi8(1)) }
+}
+
+/// Q4 layout: byte j holds value j (low nibble) and j + 16 (high nibble).
+#[inline(always)]
+unsafe fn store_nibbles(qs: &[u8; 16], offset: i8, out: *mut i8) {
+    unsafe {
+        let x = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
+        let mask = _mm_set1_epi8(0x0f);
+        let lo = _mm_and_si128(x, mask);
+        let hi = _mm_and_si128(_mm_srli_epi16(x, 4), mask);
+        let v = _mm256_add_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(offset));
+        _mm256_storeu_si256(out as *mut __m256i, v);
+    }
+}
+
+/// Q5: the nibbles plus bit j of `qh` as 16.
+#[inline(always)]
+unsafe fn store_q5(qs: &[u8; 16], qh: [u8; 4], offset: i8, out: *mut i8) {
+    unsafe {
+        store_nibbles(qs, offset, out);
+        let v = _mm256_loadu_si256(out as *const __m256i);
+        let v = _mm256_mask_add_epi8(v, u32::from_le_bytes(qh), v, _mm256_set1_epi8(16));
+        _mm256_storeu_si256(out as *mut __m256i, v);
+    }
+}
+
+/// Trit (0, 1, 2) of each byte taken as a base-3 fraction, minus one: (q · 3) >> 8.
+#[inline(always)]
+fn trits_256(q: __m256i) -> __m256i {
+    // SAFETY: only called from functions that enable AVX-512 BW/VL.
+    unsafe {
+        let one = _mm256_set1_epi8(1);
+        let v = _mm256_mask_add_epi8(
+            _mm256_set1_epi8(-1),
+            _mm256_cmpge_epu8_mask(q, _mm256_set1_epi8(86)),
+            _mm256_set1_epi8(-1),
+            one,
+        );
+        _mm256_mask_add_epi8(v, _mm256_cmpge_epu8_mask(q, _mm256_set1_epi8(171u8 as i8)), v, one)
+    }
+}
+
+#[inline(always)]
+fn trits_128(q: __m128i) -> __m128i {
+    // SAFETY: as above.
+    unsafe {
+        let one = _mm_set1_epi8(1);
+        let v = _mm_mask_add_epi8(_mm_set1_epi8(-1), _mm_cmpge_epu8_mask(q, _mm_set1_epi8(86)), _mm_set1_epi8(-1), one);
+        _mm_mask_add_epi8(v, _mm_cmpge_epu8_mask(q, _mm_set1_epi8(171u8 as i8)), v, one)
+    }
+}
+
+/// Q1_0 rows from the row-interleaved packed layout: per 128-block, the four bytes of sign bits
+/// of each 32-block sit in four vectors, 16 rows each; a byte transpose gives every row's
+/// 32-bit mask at once.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+fn expand_q1_0_packed(p: &PackedMat, row0: usize, out: &mut TileRows) {
+    let group = p.group(row0 / GROUP);
+    let tile = (row0 % GROUP) / 16;
+    for b128 in 0..p.cols / 128 {
+        let g = &group[b128 * Q1_GROUP_BLOCK..(b128 + 1) * Q1_GROUP_BLOCK];
+        let mut d = [0f32; 16];
+        for (n, d) in d.iter_mut().enumerate() {
+            let (v, l) = scale_order(16 * tile + n);
+            *d = f16_to_f32(u16::from_le_bytes([g[2 * (16 * v + l)], g[2 * (16 * v + l) + 1]]));
+        }
+        for k in 0..4 {
+            let blk = 4 * b128 + k;
+            out.d[16 * blk..16 * blk + 16].copy_from_slice(&d);
+            // SAFETY: the group block has 16 vectors of 64 bytes after the 64 scales.
+            let masks: [u32; 16] = unsafe {
+                let v = |j: usize| {
+                    _mm_loadu_si128(g.as_ptr().add(2 * GROUP + 64 * (4 * k + j) + 16 * tile) as *const __m128i)
+                };
+                let (v0, v1, v2, v3) = (v(0), v(1), v(2), v(3));
+                let (a_lo, a_hi) = (_mm_unpacklo_epi8(v0, v1), _mm_unpackhi_epi8(v0, v1));
+                let (b_lo, b_hi) = (_mm_unpacklo_epi8(v2, v3), _mm_unpackhi_epi8(v2, v3));
+                std::mem::transmute([
+                    _mm_unpacklo_epi16(a_lo, b_lo),
+                    _mm_unpackhi_epi16(a_lo, b_lo),
+                    _mm_unpacklo_epi16(a_hi, b_hi),
+                    _mm_unpackhi_epi16(a_hi, b_hi),
+                ])
+            };
+            let tile_out = &mut out.qs[blk * 512..(blk + 1) * 512];
+            for (n, &bits) in masks.iter().enumerate() {
+                // SAFETY: row n of the 512-byte tile is 32 bytes at 32n.
+                unsafe { _mm256_storeu_si256(tile_out.as_mut_ptr().add(32 * n) as *mut __m256i, signs(bits)) };
+            }
+        }
+    }
+}

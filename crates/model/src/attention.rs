@@ -1,0 +1,176 @@
+//! Causal attention over each sequence's KV cache, by blocks.
+//!
+//! The work is cut into units of one sequence, one kv head and a run of up to ~64 queries (a
+//! few of that sequence's batch tokens times the query heads that share the kv head). A unit
+//! widens its cached keys to f32 one block of rows at a time, takes the scores of all its
+//! queries against the block in one product, then softmaxes every query over its own causal
+//! range and sums the value rows the same way. Each cached row is thus read and widened once
+//! per unit rather than once per query.
+//!
+//! Like llama.cpp without flash attention, products with an f16 cache are taken at f16
+//! precision: q is rounded to f16 before q·k, and the softmax weights before they scale v.
+
+use onebit_gguf::GgmlType;
+use onebit_kernels::formats::dequantize;
+use onebit_kernels::{Kernels, PerThread, Pool};
+
+use crate::config::Config;
+use crate::kv_cache::{KvCache, KvRow};
+
+/// Queries per unit to aim for (tokens × heads of a group).
+const UNIT_QUERIES: usize = 64;
+/// Cached rows widened at a time.
+const ROW_BLOCK: usize = 64;
+
+/// Per-thread buffers.
+#[derive(Default)]
+pub struct AttnScratch {
+    q: Vec<f32>,
+    scores: Vec<f32>,
+    rows: Vec<f32>,
+    out: Vec<f32>,
+}
+
+/// One sequence, one kv head, batch tokens `t0..t1` (all of that sequence).
+#[derive(Clone, Copy)]
+struct Unit {
+    seq: usize,
+    group: usize,
+    t0: usize,
+    t1: usize,
+}
+
+/// Where the attention of layer `l` reads and writes.
+pub(crate) struct Attention<'a> {
+    pub config: &'a Config,
+    pub kernels: Kernels,
+    pub layer: usize,
+    pub caches: &'a [&'a KvCache],
+    /// Per batch token: its queries, `n_heads × head_dim`.
+    pub q: &'a [f32],
+    /// Per batch token: (sequence, position).
+    pub where_: &'a [(usize, usize)],
+}
+
+impl Attention<'_> {
+    /// Write every token's attention output (`n_heads × value_dim` per token) into `out`.
+    pub fn run(&self, pool: &Pool, scratch: &PerThread<AttnScratch>, out: &mut [f32]) {
+        let units = self.units();
+        let out = SharedOut(out.as_mut_ptr(), out.len());
+        pool.for_chunks(units.len(), 1, &|tid, range| {
+            // SAFETY: `tid` is this thread's own index in the running job.
+            let sc = unsafe { scratch.get(tid) };
+            for u in range {
+                self.unit(units[u], sc, &out);
+            }
+        });
+    }
+
+    /// Units, longest first so that the dynamic split ends evenly.
+    fn units(&self) -> Vec<Unit> {
+        let c = self.config;
+        let per_unit = (UNIT_QUERIES / c.group()).max(1);
+        let mut units = Vec::new();
+        let mut t0 = 0;
+        while t0 < self.where_.len() {
+            let seq = self.where_[t0].0;
+            let mut t1 = t0;
+            while t1 < self.where_.len() && self.where_[t1].0 == seq && t1 - t0 < per_unit {
+                t1 += 1;
+            }
+            units.extend((0..c.n_kv_heads).map(|group| Unit { seq, group, t0, t1 }));
+            t0 = t1;
+        }
+        units.sort_by_key(|u| std::cmp::Reverse(self.where_[u.t1 - 1].1));
+        units
+    }
+
+    fn unit(&self, u: Unit, sc: &mut AttnScratch, out: &SharedOut) {
+        let c = self.config;
+        let (d, dv, gsize) = (c.head_dim, c.value_dim, c.group());
+        let nq = (u.t1 - u.t0) * gsize;
+        let seen_all = self.where_[u.t1 - 1].1 + 1;
+        let cache = self.caches[u.seq];
+        let keys = cache.keys(self.layer, u.group, seen_all);
+        let values = cache.values(self.layer, u.group, seen_all);
+
+        // Queries, token-major: query (t - t0) · gsize + i is head group · gsize + i of token t.
+        sc.q.resize(nq * d, 0.0);
+        for t in u.t0..u.t1 {
+            for i in 0..gsize {
+                let h = u.group * gsize + i;
+                let dst = &mut sc.q[((t - u.t0) * gsize + i) * d..][..d];
+                dst.copy_from_slice(&self.q[t * c.q_dim() + h * d..][..d]);
+                if matches!(keys, KvRow::F16(_)) {
+                    self.kernels.round_f16(dst);
+                }
+            }
+        }
+
+        sc.scores.resize(nq * seen_all, 0.0);
+        sc.rows.resize(ROW_BLOCK * d.max(dv), 0.0);
+        for j0 in (0..seen_all).step_by(ROW_BLOCK) {
+            let n = (seen_all - j0).min(ROW_BLOCK);
+            let rows = &mut sc.rows[..n * d];
+            widen(self.kernels, keys, j0 * d, rows);
+            self.kernels.gemm_nt(&sc.q, rows, d, &mut sc.scores[j0..], seen_all);
+        }
+
+        let scale = 1.0 / (d as f32).sqrt();
+        for qi in 0..nq {
+            let seen = self.where_[u.t0 + qi / gsize].1 + 1;
+            let row = &mut sc.scores[qi * seen_all..(qi + 1) * seen_all];
+            row[..seen].iter_mut().for_each(|s| *s *= scale);
+            self.kernels.softmax(&mut row[..seen]);
+            row[seen..].fill(0.0);
+            if matches!(values, KvRow::F16(_)) {
+                self.kernels.round_f16(&mut row[..seen]);
+            }
+        }
+
+        sc.out.clear();
+        sc.out.resize(nq * dv, 0.0);
+        for j0 in (0..seen_all).step_by(ROW_BLOCK) {
+            let n = (seen_all - j0).min(ROW_BLOCK);
+            let rows = &mut sc.rows[..n * dv];
+            widen(self.kernels, values, j0 * dv, rows);
+            self.kernels.gemm_nn_acc(&sc.scores[j0..], seen_all, rows, dv, &mut sc.out);
+        }
+
+        let width = c.n_heads * dv;
+        for t in u.t0..u.t1 {
+            for i in 0..gsize {
+                let h = u.group * gsize + i;
+                let src = &sc.out[((t - u.t0) * gsize + i) * dv..][..dv];
+                // SAFETY: unit (sequence, group, tokens) alone writes heads of `group` for
+                // these tokens.
+                unsafe { out.write(t * width + h * dv, src) };
+            }
+        }
+    }
+}
+
+/// Cached values `at .. at + dst.len()` (counted in values) of a run of rows, as f32.
+fn widen(kernels: Kernels, rows: KvRow, at: usize, dst: &mut [f32]) {
+    match rows {
+        KvRow::F16(v) => kernels.f16_to_f32(&v[at..at + dst.len()], dst),
+        KvRow::F32(v) => dst.copy_from_slice(&v[at..at + dst.len()]),
+        KvRow::Q8_0(v) => {
+            let bytes = &v[at / 32 * 34..(at + dst.len()) / 32 * 34];
+            dequantize(GgmlType::Q8_0, bytes, dst).expect("whole Q8_0 blocks of a checked cache");
+        }
+    }
+}
+
+struct SharedOut(*mut f32, usize);
+// SAFETY: units write disjoint ranges of the output.
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// # Safety
+    /// No other thread may write `at .. at + src.len()` at the same time.
+    unsafe fn write(&self, at: usize, src: &[f32]) {
+        assert!(at + src.len() <= self.1);
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.0.add(at), src.len()) };
+    }
+}
