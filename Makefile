@@ -13,7 +13,7 @@ build:
 	cargo build --release
 
 demo: fetch-model build
-	./target/release/onebit inspect "$(MODEL)"
+	./target/release/onebit run -m "$(MODEL)" --temp 0 -n 64 -p "What is the capital of France? Answer in one sentence."
 
 # The test suite: formatting, lints, and every test (CI runs exactly this).
 test: fetch-model

@@ -21,6 +21,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Answer a prompt, streaming the text (through the chat template unless --raw).
+    Run(commands::run::Args),
+    /// Talk with a model in the terminal; the conversation stays in the cache between turns.
+    Chat(commands::chat::Args),
     /// Describe a GGUF file: architecture, hyperparameters, tokenizer, tensors and sizes.
     Inspect(commands::inspect::Args),
     /// Print the top logits after some tokens (as one batch, or one token at a time).
@@ -63,15 +67,18 @@ fn main() -> ExitCode {
         .without_time()
         .with_target(false)
         .init();
+    let ok = |r: anyhow::Result<()>| r.map(|()| 0u8);
     let result = match cli.command {
-        Command::Inspect(args) => commands::inspect::run(args),
-        Command::Logits(args) => commands::logits::run(args),
-        Command::Tokenize(args) => commands::tokenize::run(args),
-        Command::Template(args) => commands::template::run(args),
-        Command::Bench(args) => commands::bench::run(args),
+        Command::Run(args) => commands::run::run(args),
+        Command::Chat(args) => commands::chat::run(args),
+        Command::Inspect(args) => ok(commands::inspect::run(args)),
+        Command::Logits(args) => ok(commands::logits::run(args)),
+        Command::Tokenize(args) => ok(commands::tokenize::run(args)),
+        Command::Template(args) => ok(commands::template::run(args)),
+        Command::Bench(args) => ok(commands::bench::run(args)),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE

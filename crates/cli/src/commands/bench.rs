@@ -3,7 +3,6 @@
 //! token ids; tokenization and sampling are not part of it. Each test runs once to warm up,
 //! then `-r` times; t/s is reported as mean ± standard deviation.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Result, bail};
@@ -13,9 +12,9 @@ use serde_json::json;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The GGUF model file.
-    #[arg(short = 'm', long = "model")]
-    pub model: PathBuf,
+    /// A GGUF file, or a Hugging Face model (org/repo or org/repo:FILE_OR_QUANT).
+    #[arg(short = 'm', long = "model", value_name = "MODEL")]
+    pub model: String,
     /// Prompt sizes to test (pp), comma-separated; 0 skips.
     #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512")]
     pub n_prompt: Vec<usize>,
@@ -80,9 +79,10 @@ pub fn run(args: Args) -> Result<()> {
             ":", ":", ":", ":", ":", ":", ":"
         );
     }
+    let path = super::resolve::model_path(Some(&args.model), &super::ui::Ui::new(args.json))?;
     for &t in &threads {
         let options = ModelOptions { threads: t, kernel_tier: args.kernel_tier, kv_type: args.kv_type };
-        let model = Model::load(&args.model, &options)?;
+        let model = Model::load(&path, &options)?;
         let (size, params) = weight_totals(&model);
         let name = model_name(&model, params);
         let tests = args.n_prompt.iter().filter(|&&n| n > 0).map(|&n| (format!("pp{n}"), n, true));
@@ -173,9 +173,11 @@ fn model_name(model: &Model, params: u64) -> String {
         *by_type.entry(t.ggml_type()).or_insert(0u64) += t.n_elements();
     }
     let main = by_type.iter().max_by_key(|(_, n)| **n).map(|(t, _)| t.to_string()).unwrap_or_default();
-    let size = match params {
-        p if p >= 1_000_000_000 => format!("{:.0}B", p as f64 / 1e9),
+    let label = model.gguf().metadata().opt_str("general.size_label").ok().flatten().map(str::to_string);
+    let size = label.unwrap_or_else(|| match params {
+        p if p >= 10_000_000_000 => format!("{:.0}B", p as f64 / 1e9),
+        p if p >= 1_000_000_000 => format!("{:.1}B", p as f64 / 1e9),
         p => format!("{:.0}M", p as f64 / 1e6),
-    };
+    });
     format!("{} {size} {main}", model.config().arch.name())
 }

@@ -1,8 +1,13 @@
 //! The subcommands of `onebit`, one module each.
 
 pub mod bench;
+pub mod chat;
+pub mod gen_args;
 pub mod inspect;
 pub mod logits;
 pub mod model_args;
+pub mod resolve;
+pub mod run;
 pub mod template;
 pub mod tokenize;
+pub mod ui;

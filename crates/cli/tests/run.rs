@@ -1,0 +1,101 @@
+//! `onebit run` as a user runs it: llama.cpp's greedy continuation, the JSON report, prompts from
+//! standard input, `--quiet`, and one-line errors when the model cannot be found.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+fn onebit(args: &[&str], stdin: Option<&str>, env: &[(&str, &std::path::Path)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_onebit"));
+    cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut input = child.stdin.take().unwrap();
+    if let Some(s) = stdin {
+        input.write_all(s.as_bytes()).unwrap();
+    }
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn raw_greedy_run_prints_llama_cpp_continuation() {
+    let (Some(model), Some(fx)) =
+        (onebit_testkit::demo_model(), onebit_testkit::fixture("logits-SmolLM2-135M-Instruct.Q4_1.json"))
+    else {
+        return;
+    };
+    let m = model.to_str().unwrap();
+    let p = &fx["prompts"][0];
+    assert_eq!(p["text"], "The capital of France is");
+    let want: Vec<u64> = p["greedy"].as_array().unwrap().iter().take(24).map(|t| t.as_u64().unwrap()).collect();
+
+    let args = ["run", "-m", m, "--raw", "--temp", "0", "-n", "24", "-p", "The capital of France is"];
+    let out = onebit(&args, None, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let printed = text(&out.stdout);
+    let printed = printed.strip_suffix('\n').unwrap();
+    assert!(p["greedy_text"].as_str().unwrap().starts_with(printed), "printed {printed:?}");
+    assert_eq!(
+        printed,
+        " Paris.\n\nThe United States has a population of approximately 311 million people.\n\nThe United States"
+    );
+    let stats = text(&out.stderr);
+    assert!(stats.contains("prompt: 5 tokens") && stats.contains("generated: 24 tokens"), "{stats}");
+
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let out = onebit(&json_args, None, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<u64> = v["ids"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+    assert_eq!(ids, want);
+    assert_eq!(v["text"], printed);
+    assert_eq!((v["prompt_tokens"].as_u64(), v["completion_tokens"].as_u64()), (Some(5), Some(24)));
+    assert_eq!(v["finish_reason"], "length");
+    assert!(v["timings"]["decode_tokens_per_second"].as_f64().unwrap() > 0.0);
+    assert!(out.stderr.is_empty(), "--json keeps stderr quiet: {}", text(&out.stderr));
+}
+
+#[test]
+fn prompt_from_stdin_through_the_chat_template_quietly() {
+    let Some(model) = onebit_testkit::demo_model() else { return };
+    let args = ["run", "-m", model.to_str().unwrap(), "--temp", "0", "-n", "32", "--quiet"];
+    let out = onebit(&args, Some("What is the capital of France? Answer in one sentence."), &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("Paris"), "{}", text(&out.stdout));
+    assert!(out.stderr.is_empty(), "--quiet prints only the answer: {}", text(&out.stderr));
+
+    let out = onebit(&args, Some("  \n"), &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(text(&out.stderr).lines().count(), 1, "{}", text(&out.stderr));
+}
+
+#[test]
+fn a_missing_model_is_one_clear_line() {
+    let empty = tempfile::tempdir().unwrap();
+    // No -m and no demo model in the cache: say how to fetch it.
+    let out = onebit(&["run", "-p", "hi"], None, &[("XDG_CACHE_HOME", empty.path())]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("make fetch-model"), "{err}");
+
+    // Neither a file nor a Hugging Face name.
+    let out = onebit(&["run", "-m", "no/such/model.gguf", "-p", "hi"], None, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("no such file"), "{}", text(&out.stderr));
+
+    // A Hugging Face name that cannot be fetched (no network here, or no such repository).
+    let out =
+        onebit(&["run", "-m", "onebit-test-no-such-org/no-such-repo", "-p", "hi"], None, &[("HF_HOME", empty.path())]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("Hugging Face"), "{err}");
+}
