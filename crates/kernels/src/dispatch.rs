@@ -43,14 +43,16 @@ impl std::fmt::Debug for Kernels {
     }
 }
 
-/// Rows of output per unit of work handed to a thread: packed matrices go by their row group,
-/// batches by pairs of 16-row tiles (which tiled kernels expand once for all tokens).
-fn chunk_rows(w: &MatRef, acts: &Acts) -> usize {
-    match (w.packed.is_some(), acts.rows() >= 16) {
-        (true, _) => crate::pack::GROUP,
-        (false, true) => 32,
-        (false, false) => 16,
+/// Rows of output per unit of work handed to a thread. A batch goes by pairs of 16-row tiles
+/// (tiled kernels expand them once for all tokens, and must keep them in cache). A few tokens
+/// go by whole row groups of a packed matrix, about four units per thread, so that handing
+/// them out (an atomic counter the threads share) stays cheap next to the work.
+fn chunk_rows(w: &MatRef, acts: &Acts, threads: usize) -> usize {
+    let group = w.packed.map_or(16, |p| p.group_rows);
+    if acts.rows() >= 16 {
+        return group.max(32);
     }
+    (w.rows / (4 * threads)).max(group).next_multiple_of(group)
 }
 
 impl Kernels {
@@ -137,7 +139,7 @@ impl Kernels {
             return Err(KernelError::Size { ty: GgmlType::F32, elements: acts.rows() * w.rows, bytes: out.len() * 4 });
         }
         let ptr = OutPtr::new(out, w.rows);
-        pool.for_chunks(w.rows, chunk_rows(w, acts), &|_, rows| kernel.run(w, rows, acts, ptr));
+        pool.for_chunks(w.rows, chunk_rows(w, acts, pool.n_threads()), &|_, rows| kernel.run(w, rows, acts, ptr));
         Ok(())
     }
 
@@ -164,12 +166,12 @@ impl Kernels {
             }
             jobs.push((kernel, OutPtr::new(out, w.rows)));
             offsets.push(total);
-            total += w.rows.div_ceil(chunk_rows(w, acts));
+            total += w.rows.div_ceil(chunk_rows(w, acts, pool.n_threads()));
         }
         pool.for_chunks(total, 1, &|_, chunks| {
             for c in chunks {
                 let i = offsets.partition_point(|&o| o <= c) - 1;
-                let size = chunk_rows(ws[i], acts);
+                let size = chunk_rows(ws[i], acts, pool.n_threads());
                 let start = (c - offsets[i]) * size;
                 let rows = start..(start + size).min(ws[i].rows);
                 jobs[i].0.run(ws[i], rows, acts, jobs[i].1);

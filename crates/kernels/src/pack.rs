@@ -1,13 +1,19 @@
-//! Row-interleaved repacking of 1-bit weights, for the lookup-table products.
+//! Row-interleaved repacking of weights at load time, for the SIMD products.
 //!
-//! A Q1_0 matrix is regrouped 64 rows at a time. For each 128-weight block column the group
+//! Q1_0 (for the lookup-table products): a Q1_0 matrix is regrouped 64 rows at a time. For each 128-weight block column the group
 //! stores the 64 row scales (f16), then, for each of the four 32-weight sub-blocks, four
 //! 64-byte vectors: vector `j` holds byte `j` of every row's four bytes of sign bits. Byte
 //! position `16L + p` of a vector is row `16L + p`, so one `vpshufb` looks up a 4-bit group of
 //! 64 rows at once, and the low and high nibbles of a byte are two consecutive groups of four
 //! weights. The row scales are stored in the order the kernels produce their sums (see
-//! [`scale_order`]). The packed matrix has exactly the size of the original (rows padded to a
-//! multiple of 64).
+//! [`scale_order`]).
+//!
+//! Q4_0, Q4_1 and Q8_0 (for VNNI products with 16 rows in the 16 lanes of a vector): 16 rows at
+//! a time; per 32-weight block the 16 row scales (f16; then the 16 offsets of Q4_1), then the
+//! quants as 64-byte vectors whose 4-byte lane `n` holds four consecutive quant bytes of row
+//! `n` (Q8_0 quants are stored plus 128, as unsigned bytes).
+//!
+//! A packed matrix has exactly the size of the original (rows padded to a whole group).
 
 use onebit_gguf::GgmlType;
 
@@ -21,11 +27,17 @@ pub const GROUP: usize = 64;
 /// Bytes one group takes per 128-weight block: 64 scales and 4 × 4 vectors of 64 bytes.
 pub const Q1_GROUP_BLOCK: usize = 2 * GROUP + 4 * 4 * 64;
 
+/// Rows per group of the 16-row layout.
+pub const LEGACY_GROUP: usize = 16;
+
 /// A matrix in a kernel's own layout, owned (it replaces the file's copy in memory).
 pub struct PackedMat {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
+    /// Rows per interleaved group.
+    pub group_rows: usize,
+    group_bytes: usize,
     buf: AlignedBuf,
 }
 
@@ -41,13 +53,12 @@ impl PackedMat {
     }
 
     pub fn groups(&self) -> usize {
-        self.rows.div_ceil(GROUP)
+        self.rows.div_ceil(self.group_rows)
     }
 
     /// The bytes of row group `g`.
     pub fn group(&self, g: usize) -> &[u8] {
-        let per = (self.cols / 128) * Q1_GROUP_BLOCK;
-        &self.buf.as_bytes()[g * per..(g + 1) * per]
+        &self.buf.as_bytes()[g * self.group_bytes..(g + 1) * self.group_bytes]
     }
 }
 
@@ -65,20 +76,72 @@ pub fn scale_order(r: usize) -> (usize, usize) {
 /// Repack a Q1_0 matrix for the lookup-table kernels, row groups in parallel on `pool`.
 pub fn pack_q1_0(w: &MatRef, pool: &Pool) -> PackedMat {
     assert_eq!(w.ty, GgmlType::Q1_0);
-    let nb = w.cols / 128;
-    let groups = w.rows.div_ceil(GROUP);
-    let per_group = nb * Q1_GROUP_BLOCK;
+    pack_groups(w, pool, GROUP, (w.cols / 128) * Q1_GROUP_BLOCK, pack_q1_0_group)
+}
+
+/// Repack a Q4_0, Q4_1 or Q8_0 matrix in groups of 16 rows.
+pub fn pack_legacy(w: &MatRef, pool: &Pool) -> PackedMat {
+    let block_bytes = w.ty.type_size() as usize;
+    pack_groups(w, pool, LEGACY_GROUP, (w.cols / 32) * LEGACY_GROUP * block_bytes, pack_legacy_group)
+}
+
+fn pack_groups(
+    w: &MatRef,
+    pool: &Pool,
+    group_rows: usize,
+    group_bytes: usize,
+    pack: fn(&MatRef, usize, &mut [u8]),
+) -> PackedMat {
+    let groups = w.rows.div_ceil(group_rows);
     let mut buf = AlignedBuf::default();
-    buf.resize(groups * per_group);
+    buf.resize(groups * group_bytes);
     let out = SharedOut(buf.as_bytes_mut().as_mut_ptr());
     pool.for_chunks(groups, 1, &|_, range| {
         for g in range {
             // SAFETY: each group's bytes are written by the one thread that took the group.
-            let dst = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(g * per_group), per_group) };
-            pack_q1_0_group(w, g, dst);
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(g * group_bytes), group_bytes) };
+            pack(w, g, dst);
         }
     });
-    PackedMat { ty: w.ty, rows: w.rows, cols: w.cols, buf }
+    PackedMat { ty: w.ty, rows: w.rows, cols: w.cols, group_rows, group_bytes, buf }
+}
+
+/// Where a block's parts lie in the 16 rows of a packed block: the 16 scales at 0, then
+/// (offset of the 16 Q4_1 offsets, offset of the quant vectors).
+pub fn legacy_layout(ty: GgmlType) -> (Option<usize>, usize) {
+    match ty {
+        GgmlType::Q4_1 => (Some(32), 64),
+        _ => (None, 32),
+    }
+}
+
+fn pack_legacy_group(w: &MatRef, g: usize, dst: &mut [u8]) {
+    dst.fill(0);
+    let block_bytes = w.ty.type_size() as usize;
+    let (m_at, qs_at) = legacy_layout(w.ty);
+    // In a file block: the scale at 0, Q4_1's offset at 2, then the quants.
+    let (q_src, qs_len, flip) = match w.ty {
+        GgmlType::Q4_0 => (2, 16, 0),
+        GgmlType::Q4_1 => (4, 16, 0),
+        GgmlType::Q8_0 => (2, 32, 0x80),
+        other => unreachable!("no 16-row layout for {other}"),
+    };
+    for n in 0..LEGACY_GROUP {
+        let row = g * LEGACY_GROUP + n;
+        if row >= w.rows {
+            break;
+        }
+        for (b, src) in w.row(row).chunks_exact(block_bytes).enumerate() {
+            let out = &mut dst[b * LEGACY_GROUP * block_bytes..(b + 1) * LEGACY_GROUP * block_bytes];
+            out[2 * n..2 * n + 2].copy_from_slice(&src[..2]);
+            if let Some(ma) = m_at {
+                out[ma + 2 * n..ma + 2 * n + 2].copy_from_slice(&src[2..4]);
+            }
+            for (i, &q) in src[q_src..q_src + qs_len].iter().enumerate() {
+                out[qs_at + 64 * (i / 4) + 4 * n + i % 4] = q ^ flip;
+            }
+        }
+    }
 }
 
 fn pack_q1_0_group(w: &MatRef, g: usize, dst: &mut [u8]) {

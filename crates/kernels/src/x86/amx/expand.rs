@@ -16,7 +16,8 @@ use crate::formats::{
     f16_to_f32,
 };
 use crate::matmul::MatRef;
-use crate::pack::{GROUP, PackedMat, Q1_GROUP_BLOCK, scale_order};
+use crate::pack::{GROUP, LEGACY_GROUP, PackedMat, Q1_GROUP_BLOCK, legacy_layout, scale_order};
+use crate::x86::avx512::transpose16;
 
 /// The expanded tiles of up to 16 weight rows: `blocks` blocks of `16 · kb` bytes, and per
 /// block 16 scales and 16 offsets.
@@ -42,8 +43,16 @@ pub(super) fn expand(w: &MatRef, row0: usize, g: Geometry, out: &mut TileRows) {
         out.d[..nblk * 16].fill(0.0);
         out.m[..nblk * 16].fill(0.0);
     }
-    if let (GgmlType::Q1_0, Some(p)) = (w.ty, w.packed) {
-        return expand_q1_0_packed(p, row0, out);
+    if n_rows == 0 {
+        return;
+    }
+    match (w.ty, w.packed) {
+        (GgmlType::Q1_0, Some(p)) => return expand_q1_0_packed(p, row0, out),
+        (GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0, Some(p)) => {
+            // SAFETY: this function's target features include the ones `expand_legacy_packed` needs.
+            return unsafe { expand_legacy_packed(p, row0, out) };
+        }
+        _ => {}
     }
     let mut vals = [0i8; 256];
     for n in 0..n_rows {
@@ -251,6 +260,55 @@ fn expand_q1_0_packed(p: &PackedMat, row0: usize, out: &mut TileRows) {
             for (n, &bits) in masks.iter().enumerate() {
                 // SAFETY: row n of the 512-byte tile is 32 bytes at 32n.
                 unsafe { _mm256_storeu_si256(tile_out.as_mut_ptr().add(32 * n) as *mut __m256i, signs(bits)) };
+            }
+        }
+    }
+}
+
+/// Q4_0/Q4_1/Q8_0 rows from the 16-row packed layout: each block's eight quant vectors (lane n:
+/// four values of row n) are made signed and transposed into the 16 rows of the A tile.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+unsafe fn expand_legacy_packed(p: &PackedMat, row0: usize, out: &mut TileRows) {
+    let group = p.group(row0 / LEGACY_GROUP);
+    let block = LEGACY_GROUP * p.ty.type_size() as usize;
+    let (m_at, qs_at) = legacy_layout(p.ty);
+    let nib = _mm512_set1_epi8(0x0f);
+    for blk in 0..p.cols / 32 {
+        let b = &group[blk * block..(blk + 1) * block];
+        // SAFETY: a packed block holds its scales (and offsets) and 256 or 512 bytes of quants;
+        // `out` holds one 512-byte tile and 16 scales per block.
+        unsafe {
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(b.as_ptr() as *const __m256i));
+            _mm512_storeu_ps(out.d.as_mut_ptr().add(16 * blk), d);
+            if let Some(at) = m_at {
+                let m = _mm512_cvtph_ps(_mm256_loadu_si256(b.as_ptr().add(at) as *const __m256i));
+                _mm512_storeu_ps(out.m.as_mut_ptr().add(16 * blk), m);
+            }
+            let q = b.as_ptr().add(qs_at) as *const __m512i;
+            let w: [__m512i; 8] = match p.ty {
+                GgmlType::Q8_0 => {
+                    std::array::from_fn(|c| _mm512_xor_si512(_mm512_loadu_si512(q.add(c)), _mm512_set1_epi8(-128)))
+                }
+                ty => {
+                    let shift = _mm512_set1_epi8(if ty == GgmlType::Q4_0 { 8 } else { 0 });
+                    std::array::from_fn(|c| {
+                        let v = _mm512_loadu_si512(q.add(c % 4));
+                        let n = if c < 4 {
+                            _mm512_and_si512(v, nib)
+                        } else {
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib)
+                        };
+                        _mm512_sub_epi8(n, shift)
+                    })
+                }
+            };
+            let rows =
+                transpose16(&std::array::from_fn(
+                    |c| if c < 8 { _mm512_castsi512_ps(w[c]) } else { _mm512_setzero_ps() },
+                ));
+            let tile = out.qs.as_mut_ptr().add(blk * 512);
+            for (n, r) in rows.iter().enumerate() {
+                _mm256_storeu_si256(tile.add(32 * n) as *mut __m256i, _mm512_castsi512_si256(_mm512_castps_si512(*r)));
             }
         }
     }

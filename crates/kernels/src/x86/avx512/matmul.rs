@@ -15,7 +15,7 @@ use crate::act::Acts;
 use crate::formats::ternary::BlockTQ1_0;
 use crate::formats::*;
 use crate::matmul::{MatRef, OutPtr, RowKernel, TiledFn};
-use crate::pack::{GROUP, PackedMat, Q1_GROUP_BLOCK, scale_order};
+use crate::pack::{GROUP, PackedMat, Q1_GROUP_BLOCK};
 use crate::x86::{PlanarRow, planar_row};
 
 pub(super) fn kernel(ty: GgmlType) -> Option<RowKernel> {
@@ -23,9 +23,9 @@ pub(super) fn kernel(ty: GgmlType) -> Option<RowKernel> {
     let f: TiledFn = match ty {
         Q1_0 => q1_0_rows,
         Q2_0 => |w, r, a, o| planar_rows(w, r, a, o, dot_q2_0),
-        Q8_0 => |w, r, a, o| planar_rows(w, r, a, o, dot_q8_0),
-        Q4_0 => |w, r, a, o| planar_rows(w, r, a, o, dot_q4_0),
-        Q4_1 => |w, r, a, o| planar_rows(w, r, a, o, dot_q4_1),
+        Q8_0 => |w, r, a, o| legacy_rows(w, r, a, o, dot_q8_0),
+        Q4_0 => |w, r, a, o| legacy_rows(w, r, a, o, dot_q4_0),
+        Q4_1 => |w, r, a, o| legacy_rows(w, r, a, o, dot_q4_1),
         Q5_0 => |w, r, a, o| planar_rows(w, r, a, o, dot_q5_0),
         Q5_1 => |w, r, a, o| planar_rows(w, r, a, o, dot_q5_1),
         TQ2_0 => |w, r, a, o| byte_rows(w, r, a, o, dot_tq2_0),
@@ -49,6 +49,14 @@ fn planar_rows(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr, dot: Pl
             // SAFETY: the table holding this kernel exists only on AVX-512 CPUs; the row owns `r`.
             unsafe { out.write(t, r, dot(wr, planar_row(acts, t), w.cols)) };
         }
+    }
+}
+
+/// Q4_0/Q4_1/Q8_0: sixteen rows at a time when packed, else row by row.
+fn legacy_rows(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr, dot: PlanarDot) {
+    match w.packed {
+        Some(_) => super::legacy16::rows(w, rows, acts, out),
+        None => planar_rows(w, rows, acts, out, dot),
     }
 }
 
@@ -79,20 +87,21 @@ fn q1_0_rows(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
 /// sums ±a0±a1±a2±a3 of their activations, for 64 rows per `vpshufb`.
 fn q1_0_packed(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr) {
     let nb = p.cols / 128;
-    let mut res = [0f32; GROUP];
     for g in rows.start / GROUP..rows.end.div_ceil(GROUP) {
         let data = p.group(g);
+        let row0 = g * GROUP;
+        let n = rows.end - row0;
         for t in 0..acts.rows() {
-            // SAFETY: the table holding this kernel exists only on AVX-512 CPUs.
-            unsafe { lut_group(data, planar_row(acts, t), nb, &mut res) };
-            for r in 0..GROUP {
-                let row = g * GROUP + r;
-                if row >= rows.end {
-                    break;
+            // SAFETY: the table holding this kernel exists only on AVX-512 CPUs; this call owns
+            // rows `rows` of the output and the masks stop at them.
+            unsafe {
+                let res = lut_group(data, planar_row(acts, t), nb);
+                for (q, v) in res.iter().enumerate() {
+                    let mask = ((1u32 << n.saturating_sub(16 * q).min(16)) - 1) as __mmask16;
+                    if mask != 0 {
+                        _mm512_mask_storeu_ps(out.ptr_at(t, row0 + 16 * q), mask, *v);
+                    }
                 }
-                let (v, l) = scale_order(r);
-                // SAFETY: this call owns rows `rows` of the output.
-                unsafe { out.write(t, row, res[16 * v + l]) };
             }
         }
     }
@@ -101,9 +110,9 @@ fn q1_0_packed(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr) {
 /// How many blocks ahead the lookup kernels prefetch their weights.
 const PREFETCH_BLOCKS: usize = 2;
 
-/// One 64-row group of a packed Q1_0 matrix against one token: sums in [`scale_order`] order.
+/// One 64-row group of a packed Q1_0 matrix against one token: four vectors of 16 rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-unsafe fn lut_group(data: &[u8], a: PlanarRow, nb: usize, res: &mut [f32; GROUP]) {
+unsafe fn lut_group(data: &[u8], a: PlanarRow, nb: usize) -> [__m512; 4] {
     let m = _mm512_set1_epi8(0x0f);
     let mut acc = [_mm512_setzero_ps(); 4];
     for b in 0..nb {
@@ -151,9 +160,15 @@ unsafe fn lut_group(data: &[u8], a: PlanarRow, nb: usize, res: &mut [f32; GROUP]
             acc[q] = _mm512_fmadd_ps(*tq, d0, acc[q]);
         }
     }
-    for (q, v) in acc.iter().enumerate() {
-        unsafe { _mm512_storeu_ps(res.as_mut_ptr().add(16 * q), *v) };
-    }
+    // From [`scale_order`] (rows 0-7,16-23 | 32-39,48-55 | 8-15,24-31 | 40-47,56-63) to row order.
+    let lo = _mm512_set_epi32(23, 22, 21, 20, 19, 18, 17, 16, 7, 6, 5, 4, 3, 2, 1, 0);
+    let hi = _mm512_set_epi32(31, 30, 29, 28, 27, 26, 25, 24, 15, 14, 13, 12, 11, 10, 9, 8);
+    [
+        _mm512_permutex2var_ps(acc[0], lo, acc[2]),
+        _mm512_permutex2var_ps(acc[0], hi, acc[2]),
+        _mm512_permutex2var_ps(acc[1], lo, acc[3]),
+        _mm512_permutex2var_ps(acc[1], hi, acc[3]),
+    ]
 }
 
 /// Q1_0 rows two at a time (the activation loads are shared), for every token. A row's block

@@ -3,6 +3,7 @@
 
 mod attn;
 mod kquants;
+mod legacy16;
 mod matmul;
 mod ops;
 
@@ -21,8 +22,10 @@ pub(crate) const TABLE: Table = Table {
     row_kernel,
     quantize_row,
     prepare: |pool, acts, w_tys| super::prepare_planar(pool, acts, w_tys.contains(&GgmlType::Q1_0), 0),
-    pack: |w, pool| {
-        (w.ty == GgmlType::Q1_0 && w.cols <= 128 * matmul::MAX_BLOCKS).then(|| crate::pack::pack_q1_0(w, pool))
+    pack: |w, pool| match w.ty {
+        GgmlType::Q1_0 if w.cols <= 128 * matmul::MAX_BLOCKS => Some(crate::pack::pack_q1_0(w, pool)),
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => Some(crate::pack::pack_legacy(w, pool)),
+        _ => None,
     },
     rms_norm: ops::rms_norm,
     softmax: ops::softmax,
