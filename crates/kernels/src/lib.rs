@@ -13,6 +13,7 @@
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
 pub mod act;
+#[cfg(target_arch = "x86_64")]
 mod amx_perm;
 mod dispatch;
 pub mod formats;

@@ -93,6 +93,21 @@ fn check_matmul(tier: KernelTier, ty: GgmlType, rows: usize, cols: usize, tokens
     }
 }
 
+/// The tiers this CPU should run are there, so that the comparisons below are not vacuous.
+#[test]
+fn the_cpu_s_tiers_are_available() {
+    let have = KernelTier::available();
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+        assert!(have.contains(&KernelTier::Avx2), "{have:?}");
+    }
+    #[cfg(target_arch = "aarch64")]
+    if std::arch::is_aarch64_feature_detected!("dotprod") {
+        assert!(have.contains(&KernelTier::Neon), "{have:?}");
+    }
+    assert!(have.contains(&KernelTier::Scalar));
+}
+
 #[test]
 fn matmuls_match_the_scalar_reference() {
     let mut rng = Rng(0xdead_beef);

@@ -1,11 +1,13 @@
 //! Parity with llama.cpp: for every `../shared/fixtures/logits-*.json` whose model is present,
 //! the fixture's tokens are run as one batch and one token at a time, and the top-40 logits
 //! at every position are compared by the rules of `../shared/fixtures/README.md`; then 32
-//! greedy tokens are compared with llama.cpp's.
+//! greedy tokens are compared with llama.cpp's. Every kernel tier this machine runs is checked
+//! (scalar, AVX2, AVX-512 and AMX on the CI machines).
 
 use std::path::PathBuf;
 use std::sync::Mutex;
 
+use onebit_kernels::KernelTier;
 use onebit_model::{LogitsWanted, Model, ModelOptions, SeqInput};
 use serde_json::Value;
 
@@ -71,9 +73,14 @@ fn check_model(fixture: &str, model_path: Option<PathBuf>, exact: &[usize]) {
     };
     let Some(path) = model_path else { return };
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let model = Model::load(&path, &ModelOptions::default()).unwrap();
+    for tier in KernelTier::available() {
+        let model = Model::load(&path, &ModelOptions { kernel_tier: Some(tier), ..ModelOptions::default() }).unwrap();
+        check_on(&fx, &model, &format!("{} [{tier}]", fx["model"].as_str().unwrap()), exact);
+    }
+}
+
+fn check_on(fx: &Value, model: &Model, name: &str, exact: &[usize]) {
     let mut scratch = model.new_scratch();
-    let name = fx["model"].as_str().unwrap();
     for (pi, prompt) in fx["prompts"].as_array().unwrap().iter().enumerate() {
         let tokens: Vec<u32> =
             prompt["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();

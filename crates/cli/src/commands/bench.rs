@@ -71,11 +71,11 @@ pub fn run(args: Args) -> Result<()> {
     let mut rows = Vec::new();
     if !args.json {
         println!(
-            "| {:<28} | {:>10} | {:>10} | {:<8} | {:>7} | {:>8} | {:>20} |",
+            "| {:<28} | {:>10} | {:>10} | {:<10} | {:>7} | {:>8} | {:>20} |",
             "model", "size", "params", "backend", "threads", "test", "t/s"
         );
         println!(
-            "| {:-<28} | {:->10} | {:->10} | {:-<8} | {:->7} | {:->8} | {:->20} |",
+            "| {:-<28} | {:->10} | {:->10} | {:-<10} | {:->7} | {:->8} | {:->20} |",
             ":", ":", ":", ":", ":", ":", ":"
         );
     }
@@ -98,7 +98,7 @@ pub fn run(args: Args) -> Result<()> {
             let row = Row { model: name.clone(), size, params, threads: t, test, samples };
             if !args.json {
                 println!(
-                    "| {:<28} | {:>10} | {:>10} | {:<8} | {:>7} | {:>8} | {:>20} |",
+                    "| {:<28} | {:>10} | {:>10} | {:<10} | {:>7} | {:>8} | {:>20} |",
                     row.model,
                     format!("{:.2} GiB", row.size as f64 / (1u64 << 30) as f64),
                     format!("{:.2} B", row.params as f64 / 1e9),

@@ -133,6 +133,13 @@ fn fill_lut(row: &mut [u8], p: &Planar, cols: usize) {
         // SAFETY: the features were just checked.
         return unsafe { fill_lut_avx512(row, p, cols) };
     }
+    // SAFETY: every x86 SIMD tier requires AVX2.
+    unsafe { fill_lut_avx2(row, p, cols) }
+}
+
+/// The scalar form of the tables (the reference the vector forms are tested against).
+#[cfg_attr(not(test), allow(dead_code))]
+fn fill_lut_ref(row: &mut [u8], p: &Planar, cols: usize) {
     let (qs, rest) = row.split_at_mut(p.lut);
     let lut = &mut rest[..cols / 4 * 32];
     for (g, out) in lut.chunks_exact_mut(32).enumerate() {
@@ -147,6 +154,46 @@ fn fill_lut(row: &mut [u8], p: &Planar, cols: usize) {
             out[v] = x as u8;
             out[16 + v] = (x >> 8) as u8;
         }
+    }
+}
+
+/// The same tables with AVX2: the 16 sums as i16 lanes, then the low and high bytes gathered.
+#[target_feature(enable = "avx2")]
+unsafe fn fill_lut_avx2(row: &mut [u8], p: &Planar, cols: usize) {
+    use std::arch::x86_64::*;
+    let (qs, rest) = row.split_at_mut(p.lut);
+    let lut = &mut rest[..cols / 4 * 32];
+    // Lane v of mask i is all ones when bit i of v is set.
+    const MASKS: [[i16; 16]; 4] = {
+        let mut m = [[0i16; 16]; 4];
+        let mut i = 0;
+        while i < 4 {
+            let mut v = 0;
+            while v < 16 {
+                m[i][v] = -((v >> i & 1) as i16);
+                v += 1;
+            }
+            i += 1;
+        }
+        m
+    };
+    // SAFETY: each row of MASKS is 32 bytes.
+    let masks: [__m256i; 4] =
+        std::array::from_fn(|i| unsafe { _mm256_loadu_si256(MASKS[i].as_ptr() as *const __m256i) });
+    // Per 128-bit lane: the low bytes of its 8 entries, then the high bytes.
+    let split = _mm256_setr_epi8(
+        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+    );
+    for (g, out) in lut.chunks_exact_mut(32).enumerate() {
+        let a: [i16; 4] = std::array::from_fn(|i| qs[4 * g + i] as i8 as i16);
+        let mut t = _mm256_set1_epi16(-(a[0] + a[1] + a[2] + a[3]));
+        for i in 0..4 {
+            t = _mm256_add_epi16(t, _mm256_and_si256(masks[i], _mm256_set1_epi16(2 * a[i])));
+        }
+        // [lo 0-7, hi 0-7 | lo 8-15, hi 8-15] -> [lo 0-15 | hi 0-15]
+        let bytes = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(t, split));
+        // SAFETY: `out` is 32 bytes.
+        unsafe { _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, bytes) };
     }
 }
 
@@ -212,6 +259,32 @@ unsafe fn fill_planar_row(format: ActFormat, blocks_in: &[u8], out: &mut [u8], p
                 out[p.bias + 64 * c + 4 * l..][..4].copy_from_slice(&(-1024.0 * scale).to_le_bytes());
             }
             scales = [0.0; 4];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_tables_match_the_reference() {
+        let cols = 256;
+        let p = Planar::new(cols);
+        let mut want = vec![0u8; p.row_bytes];
+        for (i, q) in want[..cols].iter_mut().enumerate() {
+            *q = ((i * 37 + 11) % 255) as u8;
+        }
+        let mut avx2 = want.clone();
+        let mut avx512 = want.clone();
+        fill_lut_ref(&mut want, &p, cols);
+        // SAFETY: every x86 machine that runs these tests has AVX2.
+        unsafe { fill_lut_avx2(&mut avx2, &p, cols) };
+        assert_eq!(avx2, want);
+        if is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vl") {
+            // SAFETY: just checked.
+            unsafe { fill_lut_avx512(&mut avx512, &p, cols) };
+            assert_eq!(avx512, want);
         }
     }
 }

@@ -1,2 +1,0 @@
-//! NEON tier (in progress): the scalar table.
-pub(crate) use crate::scalar::TABLE;

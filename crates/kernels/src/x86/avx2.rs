@@ -1,2 +1,0 @@
-//! AVX2 tier (in progress): the scalar table.
-pub(crate) use crate::scalar::TABLE;

@@ -1,0 +1,89 @@
+//! The AVX2 tier (with FMA and F16C, and AVX-VNNI where present): the packed products of the
+//! 1-bit and legacy types, the activation quantizer, and every vector operation, eight lanes
+//! wide. Types without an AVX2 kernel use the scalar reference.
+
+mod matmul;
+mod ops;
+
+use std::arch::x86_64::*;
+
+use onebit_gguf::GgmlType;
+
+use crate::act::{ActFormat, quantize_row_ref};
+use crate::dispatch::Table;
+use crate::formats::{BlockQ8_0, BlockQ8_1, blocks_mut, f32_to_f16};
+
+pub(crate) const TABLE: Table = Table {
+    row_kernel: matmul::kernel,
+    quantize_row,
+    prepare: |pool, acts, w_tys| super::prepare_planar(pool, acts, w_tys.contains(&GgmlType::Q1_0), 0),
+    pack: |w, pool| match w.ty {
+        GgmlType::Q1_0 => Some(crate::pack::pack_q1_0(w, pool)),
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => Some(crate::pack::pack_legacy(w, pool)),
+        _ => None,
+    },
+    rms_norm: ops::rms_norm,
+    softmax: ops::softmax,
+    silu_mul: ops::silu_mul,
+    dot_f32: ops::dot_f32,
+    f16_to_f32: ops::f16_to_f32,
+    f32_to_f16: ops::f32_to_f16,
+    round_f16: ops::round_f16,
+    gemm_nt: ops::gemm_nt,
+    gemm_nn_acc: ops::gemm_nn_acc,
+};
+
+/// Quantize one activation row, bit for bit as the reference does.
+fn quantize_row(format: ActFormat, x: &[f32], out: &mut [u8]) {
+    match format {
+        // SAFETY: only reachable through a table handed out after checking AVX2.
+        ActFormat::Q8_0 => unsafe { quantize_q8(x, out, false) },
+        ActFormat::Q8_1 => unsafe { quantize_q8(x, out, true) },
+        _ => quantize_row_ref(format, x, out),
+    }
+}
+
+/// 32 values to 8-bit with scale max|x|/127 (`127/max` applied, ties to even); returns the
+/// scale and the sum of the quants.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn q8_block(x: &[f32], qs: &mut [i8; 32]) -> (f32, i32) {
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    // SAFETY: `x` holds 32 values.
+    let v: [__m256; 4] = std::array::from_fn(|i| unsafe { _mm256_loadu_ps(x.as_ptr().add(8 * i)) });
+    let m = v.iter().fold(_mm256_setzero_ps(), |m, &v| _mm256_max_ps(m, _mm256_and_ps(v, abs)));
+    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    let d = amax / 127.0;
+    let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+    const RNE: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    let i: [__m256i; 4] = std::array::from_fn(|k| _mm256_cvtps_epi32(_mm256_round_ps::<RNE>(_mm256_mul_ps(v[k], id))));
+    let sum = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+    let s = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256::<1>(sum));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s)));
+    // Pack to bytes: the packs interleave 128-bit lanes, which the final permute undoes.
+    let w01 = _mm256_packs_epi32(i[0], i[1]);
+    let w23 = _mm256_packs_epi32(i[2], i[3]);
+    let b = _mm256_packs_epi16(w01, w23);
+    let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    // SAFETY: `qs` is 32 bytes.
+    unsafe { _mm256_storeu_si256(qs.as_mut_ptr() as *mut __m256i, b) };
+    (d, s)
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn quantize_q8(x: &[f32], out: &mut [u8], with_sum: bool) {
+    if with_sum {
+        for (b, xs) in blocks_mut::<BlockQ8_1>(out).iter_mut().zip(x.chunks_exact(32)) {
+            let (d, sum) = q8_block(xs, &mut b.qs);
+            b.d = f32_to_f16(d).to_le_bytes();
+            b.s = f32_to_f16(d * sum as f32).to_le_bytes();
+        }
+    } else {
+        for (b, xs) in blocks_mut::<BlockQ8_0>(out).iter_mut().zip(x.chunks_exact(32)) {
+            b.d = f32_to_f16(q8_block(xs, &mut b.qs).0).to_le_bytes();
+        }
+    }
+}
