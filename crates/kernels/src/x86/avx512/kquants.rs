@@ -153,12 +153,24 @@ unsafe fn dot_q5_k(w: &[u8], a: &[u8], n: usize) -> f32 {
         .sum()
 }
 
+/// Q6_K: the unsigned 6-bit codes q with `vpmaddubsw`, weighted by their 16-value scales with
+/// `vpmaddwd`; the offset (q - 32) comes off once per block as 32 Σ scale·bsum. Blocks are
+/// scaled in f32 lanes, added once per row.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
 unsafe fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let (mask, three, off) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3), _mm256_set1_epi8(32));
-    let mut sumf = 0.0f32;
+    let (mask, three) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
+    // Lanes 0..8 take scale g, lanes 8..16 scale g + 1, for the quarter starting at group g.
+    let pick: [__m256i; 8] = std::array::from_fn(|k| {
+        let g = 2 * k as i16;
+        _mm256_setr_epi16(g, g, g, g, g, g, g, g, g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g + 1, g + 1)
+    });
+    let mut accf = _mm256_setzero_ps();
     for (b, y) in blocks::<BlockQ6K>(w)[..n / QK_K].iter().zip(blocks::<BlockQ8K>(a)) {
-        let mut acc = _mm256_setzero_si256();
+        // SAFETY: every load reads inside block `b` or `y`.
+        let scales = _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(b.scales.as_ptr() as *const __m128i) });
+        let bsums = unsafe { _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i) };
+        let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(scales, bsums));
+        let mut acc = _mm256_sub_epi32(_mm256_setzero_si256(), offset);
         for half in 0..2 {
             let (l0, l1) = (load32(b.ql[64 * half..].as_ptr()), load32(b.ql[64 * half + 32..].as_ptr()));
             let h = load32(b.qh[32 * half..].as_ptr());
@@ -171,13 +183,14 @@ unsafe fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
                 _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l1), mask), hb(6)),
             ];
             for (qi, q) in quarters.into_iter().enumerate() {
-                let g = 8 * half + 2 * qi;
-                let sc = pair(b.scales[g] as i32, b.scales[g + 1] as i32);
-                let v = _mm256_sub_epi8(q, off);
-                acc = acc_s8(acc, v, load32(y.qs[128 * half + 32 * qi..].as_ptr() as *const u8), sc);
+                let sc = _mm256_permutexvar_epi16(pick[4 * half + qi], scales);
+                let x = load32(y.qs[128 * half + 32 * qi..].as_ptr() as *const u8);
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), sc));
             }
         }
-        sumf += d16(b.d) * y.d * hsum_i32(acc) as f32;
+        accf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d16(b.d) * y.d), accf);
     }
-    sumf
+    let s = _mm_add_ps(_mm256_castps256_ps128(accf), _mm256_extractf128_ps::<1>(accf));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
 }

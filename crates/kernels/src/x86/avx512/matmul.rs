@@ -405,19 +405,24 @@ pub(super) fn q8k_sum(b: &BlockQ8K) -> i32 {
     b.bsums.iter().map(|&s| s as i32).sum()
 }
 
-/// TQ2_0 × Q8_K: Σ (c - 1)·a over a 256-block, c the 2-bit codes, in one integer sum.
+/// TQ2_0 × Q8_K: Σ (c - 1)·a over a 256-block, c the 2-bit codes: Σ c·a with `vpdpbusd`, less
+/// Σ a from the block sums, all in vector lanes; each block's integer sum is scaled in f32
+/// lanes, and the lanes are added once per row.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
 unsafe fn dot_tq2_0(w: &[u8], a: &[u8], n: usize) -> f32 {
     let three = _mm512_set1_epi8(3);
-    let mut acc = 0.0f32;
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = _mm512_setzero_ps();
     let ys = blocks::<BlockQ8K>(a);
     for (b, y) in blocks::<BlockTQ2_0>(w)[..n / QK_K].iter().zip(ys) {
-        let mut p = _mm512_setzero_si512();
+        // SAFETY: every load reads inside block `b` or `y`.
         unsafe {
             // Bytes 0..32 hold weights 0..128, bytes 32..64 weights 128..256: code l of byte m
             // of group j is weight 128j + 32l + m.
             let v = _mm512_loadu_si512(b.qs.as_ptr() as *const _);
             let yq = y.qs.as_ptr();
+            let bsums = _mm256_madd_epi16(_mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i), ones);
+            let mut p = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(bsums));
             for l in 0..4 {
                 let codes = _mm512_and_si512(_mm512_srl_epi16(v, _mm_set_epi64x(0, 2 * l as i64)), three);
                 let lo = _mm256_loadu_si256(yq.add(32 * l) as *const __m256i);
@@ -425,11 +430,10 @@ unsafe fn dot_tq2_0(w: &[u8], a: &[u8], n: usize) -> f32 {
                 let ay = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
                 p = _mm512_dpbusd_epi32(p, codes, ay);
             }
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_set1_ps(y.d * d16(b.d)), acc);
         }
-        let sumi = _mm512_reduce_add_epi32(p) - q8k_sum(y);
-        acc += sumi as f32 * (y.d * d16(b.d));
     }
-    acc
+    _mm512_reduce_add_ps(acc)
 }
 
 /// Trit `k` (0, 1 or 2) of 32 base-3 packed bytes: ((byte · 3^k mod 256) · 3) >> 8.
