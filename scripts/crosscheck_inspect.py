@@ -15,6 +15,22 @@ SCALAR = {gguf.GGUFValueType.UINT8: "u8", gguf.GGUFValueType.INT8: "i8", gguf.GG
           gguf.GGUFValueType.UINT64: "u64", gguf.GGUFValueType.INT64: "i64", gguf.GGUFValueType.FLOAT64: "f64"}
 
 
+def teach_q2_0():
+    """gguf-py releases before Q2_0 (type 42: 64 weights in 18 bytes) refuse files that hold it.
+    Register the type so that the reader can size those tensors; the check stays the same."""
+    qt = gguf.GGMLQuantizationType
+    if 42 in qt._value2member_map_:
+        return
+    m = int.__new__(qt, 42)
+    m._name_, m._value_ = "Q2_0", 42
+    qt._value2member_map_[42] = m
+    gguf.GGML_QUANT_SIZES[m] = (64, 18)
+    gguf.constants.GGML_QUANT_SIZES[m] = (64, 18)
+
+
+teach_q2_0()
+
+
 def py_type(field):
     t = [SCALAR.get(x, "array") for x in field.types]
     return "".join("array<" if x == "array" else x for x in t) + ">" * t.count("array")
