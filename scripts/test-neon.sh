@@ -10,12 +10,14 @@ TARGET=aarch64-unknown-linux-gnu
 skip() { echo "warning: NEON cross-test skipped: $1" >&2; exit 0; }
 
 if ! rustup target list --installed 2>/dev/null | grep -qx "$TARGET"; then
-  rustup target add "$TARGET" || skip "cannot install the Rust target $TARGET"
+  timeout 180 rustup target add "$TARGET" || skip "cannot install the Rust target $TARGET"
 fi
 if ! command -v qemu-aarch64 >/dev/null || ! command -v aarch64-linux-gnu-gcc >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    { apt-get install -y --no-install-recommends qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
-      || { apt-get update && apt-get install -y --no-install-recommends qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross; }; } \
+    pkgs="qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross"
+    # shellcheck disable=SC2086
+    { timeout 600 apt-get install -y --no-install-recommends $pkgs \
+      || { timeout 600 apt-get update && timeout 600 apt-get install -y --no-install-recommends $pkgs; }; } \
       >/dev/null || skip "cannot install qemu-user and gcc-aarch64-linux-gnu"
   else
     skip "qemu-aarch64 and aarch64-linux-gnu-gcc are not installed (Debian: qemu-user gcc-aarch64-linux-gnu)"
