@@ -18,7 +18,7 @@ pub(crate) mod avx2;
 pub(crate) mod avx512;
 
 use crate::act::{ActFormat, Acts};
-use crate::formats::{BlockQ8_0, BlockQ8_1, blocks, f16_to_f32};
+use crate::formats::{BlockQ8_0, BlockQ8_1, blocks, blocks_mut, f16_to_f32, f32_to_f16};
 use crate::pool::Pool;
 
 /// Offsets inside a planar activation row of `cols` values.
@@ -60,6 +60,32 @@ pub(crate) struct PlanarRow<'a> {
     pub scales: &'a [f32],
     pub sums: &'a [f32],
     pub lut: &'a [u8],
+}
+
+/// A tier's quantizer of 32 values to 8-bit: returns the scale and the sum of the quants.
+pub(crate) type Q8Block = unsafe fn(&[f32], &mut [i8; 32]) -> (f32, i32);
+
+/// Quantize a row to Q8_0 blocks, or to Q8_1 blocks (with the scaled sum) when `with_sum`,
+/// one 32-value block at a time through `block`. Inlined into each tier's entry point, so that
+/// `block` is inlined there with that tier's features.
+///
+/// # Safety
+/// The CPU must have the features `block` needs.
+#[inline(always)]
+pub(crate) unsafe fn quantize_q8_with(x: &[f32], out: &mut [u8], with_sum: bool, block: Q8Block) {
+    if with_sum {
+        for (b, xs) in blocks_mut::<BlockQ8_1>(out).iter_mut().zip(x.chunks_exact(32)) {
+            // SAFETY (caller): the features are there.
+            let (d, sum) = unsafe { block(xs, &mut b.qs) };
+            b.d = f32_to_f16(d).to_le_bytes();
+            b.s = f32_to_f16(d * sum as f32).to_le_bytes();
+        }
+    } else {
+        for (b, xs) in blocks_mut::<BlockQ8_0>(out).iter_mut().zip(x.chunks_exact(32)) {
+            // SAFETY (caller): as above.
+            b.d = f32_to_f16(unsafe { block(xs, &mut b.qs) }.0).to_le_bytes();
+        }
+    }
 }
 
 pub(crate) fn planar_row(acts: &Acts, t: usize) -> PlanarRow<'_> {

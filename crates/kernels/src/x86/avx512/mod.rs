@@ -15,7 +15,6 @@ use onebit_gguf::GgmlType;
 
 use crate::act::{ActFormat, quantize_row_ref};
 use crate::dispatch::Table;
-use crate::formats::{BlockQ8_0, BlockQ8_1, blocks_mut, f32_to_f16};
 use crate::matmul::RowKernel;
 
 pub(crate) const TABLE: Table = Table {
@@ -74,15 +73,6 @@ fn q8_block(x: &[f32], qs: &mut [i8; 32]) -> (f32, i32) {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 fn quantize_q8(x: &[f32], out: &mut [u8], with_sum: bool) {
-    if with_sum {
-        for (b, xs) in blocks_mut::<BlockQ8_1>(out).iter_mut().zip(x.chunks_exact(32)) {
-            let (d, sum) = q8_block(xs, &mut b.qs);
-            b.d = f32_to_f16(d).to_le_bytes();
-            b.s = f32_to_f16(d * sum as f32).to_le_bytes();
-        }
-    } else {
-        for (b, xs) in blocks_mut::<BlockQ8_0>(out).iter_mut().zip(x.chunks_exact(32)) {
-            b.d = f32_to_f16(q8_block(xs, &mut b.qs).0).to_le_bytes();
-        }
-    }
+    // SAFETY: this function runs only with the features `q8_block` needs.
+    unsafe { super::quantize_q8_with(x, out, with_sum, q8_block) }
 }
