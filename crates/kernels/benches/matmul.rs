@@ -3,7 +3,7 @@
 //! tier of this CPU. Items are weights (GEMV) or multiply-adds (GEMM); bytes are the weights'
 //! bytes read once.
 //!
-//! `cargo bench -p onebit-kernels --bench matmul` (add `-- q1_0` to pick cases by name).
+//! `cargo bench -p onebit-kernels --bench matmul` (add `-- gemv` or `-- gemm` to pick).
 
 use divan::counter::{BytesCount, ItemsCount};
 use divan::{Bencher, black_box};
@@ -72,46 +72,33 @@ fn next(seed: &mut u64) -> f32 {
     ((*seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
 }
 
-const SHAPE_NAMES: [&str; 4] = [SHAPES[0].0, SHAPES[1].0, SHAPES[2].0, SHAPES[3].0];
+/// "type shape" for every weight type measured and every shape.
+const CASES: [&str; 12] = [
+    "q1_0 attn_q",
+    "q1_0 attn_kv",
+    "q1_0 ffn_gate_up",
+    "q1_0 ffn_down",
+    "tq2_0 attn_q",
+    "tq2_0 attn_kv",
+    "tq2_0 ffn_gate_up",
+    "tq2_0 ffn_down",
+    "q4_1 attn_q",
+    "q4_1 attn_kv",
+    "q4_1 ffn_gate_up",
+    "q4_1 ffn_down",
+];
 
-mod q1_0 {
-    use super::*;
-
-    #[divan::bench(args = SHAPE_NAMES)]
-    fn gemv(bencher: Bencher, shape: &str) {
-        Case::new(GgmlType::Q1_0, shape).run(bencher, 1);
-    }
-
-    #[divan::bench(args = SHAPE_NAMES, sample_count = 20)]
-    fn gemm_128(bencher: Bencher, shape: &str) {
-        Case::new(GgmlType::Q1_0, shape).run(bencher, 128);
-    }
+fn case(name: &str) -> Case {
+    let (ty, shape) = name.split_once(' ').expect("\"type shape\"");
+    Case::new(GgmlType::from_name(ty).expect("known type"), shape)
 }
 
-mod tq2_0 {
-    use super::*;
-
-    #[divan::bench(args = SHAPE_NAMES)]
-    fn gemv(bencher: Bencher, shape: &str) {
-        Case::new(GgmlType::TQ2_0, shape).run(bencher, 1);
-    }
-
-    #[divan::bench(args = SHAPE_NAMES, sample_count = 20)]
-    fn gemm_128(bencher: Bencher, shape: &str) {
-        Case::new(GgmlType::TQ2_0, shape).run(bencher, 128);
-    }
+#[divan::bench(args = CASES)]
+fn gemv(bencher: Bencher, name: &str) {
+    case(name).run(bencher, 1);
 }
 
-mod q4_1 {
-    use super::*;
-
-    #[divan::bench(args = SHAPE_NAMES)]
-    fn gemv(bencher: Bencher, shape: &str) {
-        Case::new(GgmlType::Q4_1, shape).run(bencher, 1);
-    }
-
-    #[divan::bench(args = SHAPE_NAMES, sample_count = 20)]
-    fn gemm_128(bencher: Bencher, shape: &str) {
-        Case::new(GgmlType::Q4_1, shape).run(bencher, 128);
-    }
+#[divan::bench(args = CASES, sample_count = 20)]
+fn gemm_128(bencher: Bencher, name: &str) {
+    case(name).run(bencher, 128);
 }
