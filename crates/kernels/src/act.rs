@@ -18,6 +18,11 @@ pub enum ActFormat {
     Q8_1,
     /// 256-element blocks, f32 scale, 16-element sums (for K-quants and TQ1_0/TQ2_0).
     Q8K,
+    /// Q8_0 blocks in which each run of four (128 values) shares one scale, max|x|/127 over
+    /// the 128. Every Q8_0 kernel reads it as Q8_0; a tier that knows the scales are shared
+    /// can sum 128 products before scaling (AMX tiles: Q1_0 prefill). The rounding is coarser
+    /// than llama.cpp's Q8_0, so it is used only where a tier asks for it and the caller allows.
+    Q8_0x4,
 }
 
 impl ActFormat {
@@ -41,7 +46,14 @@ impl ActFormat {
             ActFormat::Q8_0 => GgmlType::Q8_0,
             ActFormat::Q8_1 => GgmlType::Q8_1,
             ActFormat::Q8K => GgmlType::Q8_K,
+            ActFormat::Q8_0x4 => GgmlType::Q8_0,
         }
+    }
+
+    /// Whether activations in this format can feed a product that takes `wanted` (the blocks
+    /// are the same).
+    pub fn serves(self, wanted: ActFormat) -> bool {
+        self == wanted || (self == ActFormat::Q8_0x4 && wanted == ActFormat::Q8_0)
     }
 
     /// Elements per block.
@@ -50,6 +62,7 @@ impl ActFormat {
             ActFormat::F32 => 1,
             ActFormat::Q8_0 | ActFormat::Q8_1 => 32,
             ActFormat::Q8K => QK_K,
+            ActFormat::Q8_0x4 => 128,
         }
     }
 
@@ -207,6 +220,7 @@ pub fn quantize_row_ref(format: ActFormat, x: &[f32], out: &mut [u8]) {
         ActFormat::Q8_0 => quantize_q8_0_act(x, formats::blocks_mut(out)),
         ActFormat::Q8_1 => quantize_q8_1_act(x, formats::blocks_mut(out)),
         ActFormat::Q8K => formats::quantize(GgmlType::Q8_K, x, out).expect("activation rows are whole blocks"),
+        ActFormat::Q8_0x4 => quantize_q8_0x4_act(x, formats::blocks_mut(out)),
     }
 }
 
@@ -214,12 +228,26 @@ pub fn quantize_row_ref(format: ActFormat, x: &[f32], out: &mut [u8]) {
 #[inline(always)]
 fn q8_block(xs: &[f32], qs: &mut [i8; 32]) -> f32 {
     let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let d = amax / 127.0;
+    q8_block_with(xs, amax, qs)
+}
+
+/// Round `xs` with the scale `amax / 127` (returned).
+#[inline(always)]
+fn q8_block_with(xs: &[f32], amax: f32, qs: &mut [i8; 32]) -> f32 {
     let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
     for (q, &v) in qs.iter_mut().zip(xs) {
         *q = (v * id).round_ties_even() as i8;
     }
-    d
+    amax / 127.0
+}
+
+pub fn quantize_q8_0x4_act(x: &[f32], y: &mut [formats::BlockQ8_0]) {
+    for (four, xs) in y.chunks_exact_mut(4).zip(x.chunks_exact(128)) {
+        let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        for (b, xs) in four.iter_mut().zip(xs.chunks_exact(32)) {
+            b.d = formats::f32_to_f16(q8_block_with(xs, amax, &mut b.qs)).to_le_bytes();
+        }
+    }
 }
 
 pub fn quantize_q8_0_act(x: &[f32], y: &mut [formats::BlockQ8_0]) {

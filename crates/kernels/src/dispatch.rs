@@ -14,6 +14,9 @@ use crate::tier::KernelTier;
 pub(crate) struct Table {
     pub row_kernel: fn(GgmlType) -> Option<RowKernel>,
     pub quantize_row: fn(ActFormat, &[f32], &mut [u8]),
+    /// The format this tier would rather take for a batch of `rows` tokens against weights of
+    /// the types given, when coarser activation rounding is allowed (see [`ActFormat::Q8_0x4`]).
+    pub batch_format: fn(ActFormat, &[GgmlType], usize) -> ActFormat,
     /// Build the tier's private layout of freshly quantized activations (or nothing), for
     /// products with weights of every type given (all of them take this activation format).
     pub prepare: fn(&Pool, &mut Acts, &[GgmlType]),
@@ -30,11 +33,50 @@ pub(crate) struct Table {
     pub gemm_nn_acc: fn(&[f32], usize, &[f32], usize, &mut [f32]),
 }
 
+/// A tier without a batch format of its own keeps the one the weights call for.
+pub(crate) fn same_format(format: ActFormat, _: &[GgmlType], _: usize) -> ActFormat {
+    format
+}
+
 /// The kernels of one tier.
 #[derive(Clone, Copy)]
 pub struct Kernels {
     tier: KernelTier,
     table: &'static Table,
+    batch_rounding: BatchRounding,
+}
+
+/// How activations of a batch (prefill) are rounded to 8 bits before integer products.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BatchRounding {
+    /// As llama.cpp does: the weight type's own activation format everywhere (Q8_0: one scale
+    /// per 32 values).
+    Reference,
+    /// Let the tier pick a coarser format where that makes batches faster: AMX takes one scale
+    /// per 128 values for Q1_0 weights, so its tiles sum 128 products before scaling.
+    #[default]
+    Fast,
+}
+
+impl std::str::FromStr for BatchRounding {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "fast" => Ok(BatchRounding::Fast),
+            "reference" => Ok(BatchRounding::Reference),
+            _ => Err(format!("unknown batch rounding '{s}' (known: fast, reference)")),
+        }
+    }
+}
+
+impl std::fmt::Display for BatchRounding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BatchRounding::Fast => "fast",
+            BatchRounding::Reference => "reference",
+        })
+    }
 }
 
 impl std::fmt::Debug for Kernels {
@@ -61,12 +103,25 @@ impl Kernels {
         if !tier.is_available() {
             return Err(KernelError::TierUnavailable { tier, available: KernelTier::available() });
         }
-        Ok(Kernels { tier, table: table_for(tier) })
+        Ok(Kernels { tier, table: table_for(tier), batch_rounding: BatchRounding::default() })
     }
 
     /// The best tier of this machine.
     pub fn best() -> Kernels {
-        Kernels::new(KernelTier::best()).unwrap_or(Kernels { tier: KernelTier::Scalar, table: &crate::scalar::TABLE })
+        Kernels::new(KernelTier::best()).unwrap_or(Kernels {
+            tier: KernelTier::Scalar,
+            table: &crate::scalar::TABLE,
+            batch_rounding: BatchRounding::default(),
+        })
+    }
+
+    /// The same kernels with activations of batches rounded as `rounding` says.
+    pub fn with_batch_rounding(self, rounding: BatchRounding) -> Kernels {
+        Kernels { batch_rounding: rounding, ..self }
+    }
+
+    pub fn batch_rounding(&self) -> BatchRounding {
+        self.batch_rounding
     }
 
     pub fn tier(&self) -> KernelTier {
@@ -109,6 +164,40 @@ impl Kernels {
                 return Err(KernelError::Mismatch { weights: ty, cols, acts: format!("{format:?} × {cols}") });
             }
         }
+        let rows = x.len() / cols.max(1);
+        let format = match self.batch_rounding {
+            BatchRounding::Fast => (self.table.batch_format)(format, w_tys, rows),
+            BatchRounding::Reference => format,
+        };
+        self.quantize_into(pool, format, w_tys, x, cols, acts)
+    }
+
+    /// Quantize `x` into a given `format` that weights of `w_ty` accept (e.g. the format
+    /// another tier chose, to compare the two).
+    pub fn quantize_acts_in(
+        &self,
+        pool: &Pool,
+        format: ActFormat,
+        w_ty: GgmlType,
+        x: &[f32],
+        cols: usize,
+        acts: &mut Acts,
+    ) -> Result<(), KernelError> {
+        if !format.serves(ActFormat::for_weights(w_ty)?) {
+            return Err(KernelError::Mismatch { weights: w_ty, cols, acts: format!("{format:?} × {cols}") });
+        }
+        self.quantize_into(pool, format, &[w_ty], x, cols, acts)
+    }
+
+    fn quantize_into(
+        &self,
+        pool: &Pool,
+        format: ActFormat,
+        w_tys: &[GgmlType],
+        x: &[f32],
+        cols: usize,
+        acts: &mut Acts,
+    ) -> Result<(), KernelError> {
         let rows = x.len() / cols.max(1);
         acts.reset(format, rows, cols)?;
         let quantize = self.table.quantize_row;
@@ -182,7 +271,7 @@ impl Kernels {
 
     fn row_kernel(&self, w: &MatRef, acts: &Acts) -> Result<RowKernel, KernelError> {
         let format = ActFormat::for_weights(w.ty)?;
-        if acts.format() != format || acts.cols() != w.cols {
+        if !acts.format().serves(format) || acts.cols() != w.cols {
             return Err(KernelError::Mismatch {
                 weights: w.ty,
                 cols: w.cols,

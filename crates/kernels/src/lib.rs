@@ -26,7 +26,7 @@ pub mod tier;
 mod x86;
 
 pub use act::{ActFormat, Acts};
-pub use dispatch::Kernels;
+pub use dispatch::{BatchRounding, Kernels};
 pub use matmul::MatRef;
 pub use pack::PackedMat;
 pub use pool::{PerThread, Pool};

@@ -27,7 +27,7 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use onebit_gguf::GgufModel;
-use onebit_kernels::{KernelTier, Kernels, Pool};
+use onebit_kernels::{BatchRounding, KernelTier, Kernels, Pool};
 
 pub use config::{Arch, Config};
 pub use error::ModelError;
@@ -43,6 +43,8 @@ pub struct ModelOptions {
     pub kernel_tier: Option<KernelTier>,
     /// How sequences' caches store keys and values.
     pub kv_type: KvType,
+    /// How activations of a prompt (a batch of tokens) are rounded to 8 bits.
+    pub batch_rounding: BatchRounding,
 }
 
 /// A loaded model: its file mapped in memory, its weights, kernels and threads.
@@ -73,7 +75,8 @@ impl Model {
         let kernels = match options.kernel_tier {
             Some(tier) => Kernels::new(tier)?,
             None => Kernels::best(),
-        };
+        }
+        .with_batch_rounding(options.batch_rounding);
         let mut config = Config::from_metadata(&file.metadata())?;
         options.kv_type.check(&config)?;
         let weights = weights::Weights::load(&file, &mut config, kernels)?;

@@ -1,13 +1,15 @@
 //! Parity with llama.cpp: for every `../shared/fixtures/logits-*.json` whose model is present,
 //! the fixture's tokens are run as one batch and one token at a time, and the top-40 logits
 //! at every position are compared by the rules of `../shared/fixtures/README.md`; then 32
-//! greedy tokens are compared with llama.cpp's. Every kernel tier this machine runs is checked
-//! (scalar, AVX2, AVX-512 and AMX on the CI machines).
+//! greedy tokens, following both the batch and the token-by-token pass, are compared with
+//! llama.cpp's. Every kernel tier this machine runs is checked (scalar, AVX2, AVX-512 and AMX on
+//! the CI machines), with both ways of rounding batch activations.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use onebit_kernels::KernelTier;
+use onebit_gguf::GgmlType;
+use onebit_kernels::{BatchRounding, KernelTier};
 use onebit_model::{LogitsWanted, Model, ModelOptions, SeqInput};
 use serde_json::Value;
 
@@ -73,9 +75,19 @@ fn check_model(fixture: &str, model_path: Option<PathBuf>, exact: &[usize]) {
     };
     let Some(path) = model_path else { return };
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let has_q1 = onebit_gguf::GgufModel::open(&path).unwrap().tensors().any(|t| t.ggml_type() == GgmlType::Q1_0);
     for tier in KernelTier::available() {
-        let model = Model::load(&path, &ModelOptions { kernel_tier: Some(tier), ..ModelOptions::default() }).unwrap();
-        check_on(&fx, &model, &format!("{} [{tier}]", fx["model"].as_str().unwrap()), exact);
+        // Only AMX rounds batches differently from the reference (Q1_0: one scale per 128).
+        let roundings: &[BatchRounding] = if tier == KernelTier::Amx && has_q1 {
+            &[BatchRounding::Fast, BatchRounding::Reference]
+        } else {
+            &[BatchRounding::Fast]
+        };
+        for &batch_rounding in roundings {
+            let options = ModelOptions { kernel_tier: Some(tier), batch_rounding, ..ModelOptions::default() };
+            let model = Model::load(&path, &options).unwrap();
+            check_on(&fx, &model, &format!("{} [{tier}, {batch_rounding}]", fx["model"].as_str().unwrap()), exact);
+        }
     }
 }
 
@@ -95,6 +107,10 @@ fn check_on(fx: &Value, model: &Model, name: &str, exact: &[usize]) {
         for (i, pos) in positions.iter().enumerate() {
             batch.add(logits.get(0, i).unwrap(), pos);
         }
+        let want: Vec<u64> = prompt["greedy"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+        let last = logits.last(0).unwrap().to_vec();
+        let exact_prompt = exact.contains(&pi);
+        let (batch_agreed, batch_compared) = greedy(model, &mut cache, last, &want, exact_prompt, &mut scratch);
 
         // Decode: one token at a time, then 32 greedy tokens.
         let mut cache = model.new_cache(2048);
@@ -110,29 +126,10 @@ fn check_on(fx: &Value, model: &Model, name: &str, exact: &[usize]) {
             last = l.last(0).unwrap().to_vec();
             decode.add(&last, &positions[i]);
         }
-        let want: Vec<u64> = prompt["greedy"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
-        let (mut compared, mut agreed) = (0, 0);
-        for &w in &want {
-            let next = argmax(&last);
-            if margin_over_std(&last) < 0.1 && !exact.contains(&pi) {
-                break; // a near tie: the reference may go either way from here
-            }
-            compared += 1;
-            if next as u64 != w {
-                break;
-            }
-            agreed += 1;
-            let l = model
-                .forward(
-                    &mut [SeqInput { cache: &mut cache, tokens: &[next as u32], logits: LogitsWanted::Last }],
-                    &mut scratch,
-                )
-                .unwrap();
-            last = l.last(0).unwrap().to_vec();
-        }
+        let (agreed, compared) = greedy(model, &mut cache, last, &want, exact_prompt, &mut scratch);
 
         eprintln!(
-            "{name} p{pi} ({} tok): batch mean {:.4} max {:.4} top1 {}/{} | decode mean {:.4} max {:.4} top1 {}/{} | greedy {agreed}/{compared} of {}",
+            "{name} p{pi} ({} tok): batch mean {:.4} max {:.4} top1 {}/{} | decode mean {:.4} max {:.4} top1 {}/{} | greedy {agreed}/{compared} of {} (after the batch {batch_agreed}/{batch_compared})",
             tokens.len(),
             batch.mean(),
             batch.max(),
@@ -149,11 +146,42 @@ fn check_on(fx: &Value, model: &Model, name: &str, exact: &[usize]) {
             assert!(s.mean() <= 0.15, "{name} prompt {pi} {label}: mean error {:.4} > 0.15 std", s.mean());
             assert_eq!(s.top1_agree, s.top1_checked, "{name} prompt {pi} {label}: top-1 disagrees");
         }
-        assert_eq!(agreed, compared, "{name} prompt {pi}: greedy continuation diverges at step {agreed}");
-        if exact.contains(&pi) {
-            assert_eq!(agreed, want.len(), "{name} prompt {pi}: the whole greedy continuation must match");
+        for (how, agreed, compared) in [("decode", agreed, compared), ("batch", batch_agreed, batch_compared)] {
+            assert_eq!(agreed, compared, "{name} prompt {pi} ({how}): greedy continuation diverges at step {agreed}");
+            if exact_prompt {
+                assert_eq!(agreed, want.len(), "{name} prompt {pi} ({how}): the whole greedy continuation must match");
+            }
         }
     }
+}
+
+/// Greedy tokens from `last` (the logits after the prompt in `cache`) while they agree with
+/// `want`, stopping at a near tie unless `exact`: (agreed, compared).
+fn greedy(
+    model: &Model,
+    cache: &mut onebit_model::KvCache,
+    mut last: Vec<f32>,
+    want: &[u64],
+    exact: bool,
+    scratch: &mut onebit_model::Scratch,
+) -> (usize, usize) {
+    let (mut compared, mut agreed) = (0, 0);
+    for &w in want {
+        let next = argmax(&last);
+        if margin_over_std(&last) < 0.1 && !exact {
+            break; // a near tie: the reference may go either way from here
+        }
+        compared += 1;
+        if next as u64 != w {
+            break;
+        }
+        agreed += 1;
+        let l = model
+            .forward(&mut [SeqInput { cache, tokens: &[next as u32], logits: LogitsWanted::Last }], scratch)
+            .unwrap();
+        last = l.last(0).unwrap().to_vec();
+    }
+    (agreed, compared)
 }
 
 fn shared_model(name: &str) -> Option<PathBuf> {

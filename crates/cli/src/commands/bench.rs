@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use anyhow::{Result, bail};
-use onebit_kernels::KernelTier;
+use onebit_kernels::{BatchRounding, KernelTier};
 use onebit_model::{KvType, LogitsWanted, Model, ModelOptions, SeqInput};
 use serde_json::json;
 
@@ -33,6 +33,9 @@ pub struct Args {
     /// KV cache type: f16, f32 or q8_0.
     #[arg(long, default_value = "f16", value_name = "TYPE")]
     pub kv_type: KvType,
+    /// Prompt activation rounding: fast or reference (see `onebit run --help`).
+    #[arg(long, default_value = "fast", value_name = "MODE")]
+    pub batch_rounding: BatchRounding,
     /// Print the rows as a JSON array.
     #[arg(long)]
     pub json: bool,
@@ -81,7 +84,12 @@ pub fn run(args: Args) -> Result<()> {
     }
     let path = super::resolve::model_path(Some(&args.model), &super::ui::Ui::new(args.json))?;
     for &t in &threads {
-        let options = ModelOptions { threads: t, kernel_tier: args.kernel_tier, kv_type: args.kv_type };
+        let options = ModelOptions {
+            threads: t,
+            kernel_tier: args.kernel_tier,
+            kv_type: args.kv_type,
+            batch_rounding: args.batch_rounding,
+        };
         let model = Model::load(&path, &options)?;
         let (size, params) = weight_totals(&model);
         let name = model_name(&model, params);

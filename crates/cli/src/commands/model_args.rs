@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use onebit_kernels::KernelTier;
+use onebit_kernels::{BatchRounding, KernelTier};
 use onebit_model::{KvType, Model, ModelOptions};
 
 use super::resolve;
@@ -30,11 +30,21 @@ pub struct ModelArgs {
     /// How the KV cache stores keys and values: f16 (as llama.cpp), f32, or q8_0 (half the bytes).
     #[arg(long, default_value = "f16", value_name = "TYPE")]
     pub kv_type: KvType,
+    /// How prompt activations are rounded to 8 bits: fast (on AMX, Q1_0 weights take one scale
+    /// per 128 values, the weights' block, so tiles sum whole blocks) or reference (llama.cpp's
+    /// Q8_0, one scale per 32 values, everywhere). Token-by-token decoding is always reference.
+    #[arg(long, default_value = "fast", value_name = "MODE")]
+    pub batch_rounding: BatchRounding,
 }
 
 impl ModelArgs {
     pub fn options(&self) -> ModelOptions {
-        ModelOptions { threads: self.threads.unwrap_or(0), kernel_tier: self.kernel_tier, kv_type: self.kv_type }
+        ModelOptions {
+            threads: self.threads.unwrap_or(0),
+            kernel_tier: self.kernel_tier,
+            kv_type: self.kv_type,
+            batch_rounding: self.batch_rounding,
+        }
     }
 
     /// The model file `-m` names (downloading it first if it is a Hugging Face model).

@@ -10,6 +10,7 @@ use crate::matmul::RowKernel;
 pub(crate) static TABLE: Table = Table {
     row_kernel: |ty| dot::dot_fn(ty).map(RowKernel::Dot),
     quantize_row: crate::act::quantize_row_ref,
+    batch_format: crate::dispatch::same_format,
     prepare: |_, _, _| {},
     pack: |_, _| None,
     rms_norm: ops::rms_norm,

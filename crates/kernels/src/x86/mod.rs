@@ -120,7 +120,7 @@ pub(crate) fn lane_block(l: usize) -> usize {
 /// after the rows for a tier's own use.
 pub(crate) fn prepare_planar(pool: &Pool, acts: &mut Acts, lut: bool, extra: usize) {
     let format = acts.format();
-    if !matches!(format, ActFormat::Q8_0 | ActFormat::Q8_1) {
+    if !matches!(format, ActFormat::Q8_0 | ActFormat::Q8_1 | ActFormat::Q8_0x4) {
         return;
     }
     let (rows, cols, rb) = (acts.rows(), acts.cols(), acts.row_bytes());
@@ -255,7 +255,7 @@ unsafe fn fill_planar_row(format: ActFormat, blocks_in: &[u8], out: &mut [u8], p
     let mut scales = [0f32; 4];
     for i in 0..nb {
         let (qs, d, s) = match format {
-            ActFormat::Q8_0 => {
+            ActFormat::Q8_0 | ActFormat::Q8_0x4 => {
                 let b = &blocks::<BlockQ8_0>(blocks_in)[i];
                 let d = f16_to_f32(u16::from_le_bytes(b.d));
                 (&b.qs, d, d * b.qs.iter().map(|&q| q as i32).sum::<i32>() as f32)

@@ -15,6 +15,7 @@ use crate::scalar;
 pub(crate) const TABLE: Table = Table {
     row_kernel: |ty| dot::dot_fn(ty).or_else(|| scalar::dot::dot_fn(ty)).map(RowKernel::Dot),
     quantize_row: crate::act::quantize_row_ref,
+    batch_format: crate::dispatch::same_format,
     prepare: |_, _, _| {},
     pack: |_, _| None,
     rms_norm: scalar::ops::rms_norm,

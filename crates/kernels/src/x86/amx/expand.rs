@@ -47,7 +47,7 @@ pub(super) fn expand(w: &MatRef, row0: usize, g: Geometry, out: &mut TileRows) {
         return;
     }
     match (w.ty, w.packed) {
-        (GgmlType::Q1_0, Some(p)) => return expand_q1_0_packed(p, row0, out),
+        (GgmlType::Q1_0, Some(p)) => return expand_q1_0_packed(p, row0, g, out),
         (GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0, Some(p)) => {
             // SAFETY: this function's target features include the ones `expand_legacy_packed` needs.
             return unsafe { expand_legacy_packed(p, row0, out) };
@@ -58,7 +58,7 @@ pub(super) fn expand(w: &MatRef, row0: usize, g: Geometry, out: &mut TileRows) {
     for n in 0..n_rows {
         let row = w.row(row0 + n);
         for blk in 0..nblk {
-            let (d, m) = decode(w.ty, row, blk, &mut vals);
+            let (d, m) = decode(w.ty, row, blk, g.kb, &mut vals);
             out.d[16 * blk + n] = d;
             out.m[16 * blk + n] = m;
             let tile = &mut out.qs[blk * 16 * g.kb..(blk + 1) * 16 * g.kb];
@@ -70,10 +70,11 @@ pub(super) fn expand(w: &MatRef, row0: usize, g: Geometry, out: &mut TileRows) {
     }
 }
 
-/// One activation block (`blk`) of a weight row: values into `v`, returns (scale, offset).
+/// One activation block (`blk`, of `kb` values) of a weight row: values into `v`, returns
+/// (scale, offset).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,f16c")]
-fn decode(ty: GgmlType, row: &[u8], blk: usize, v: &mut [i8; 256]) -> (f32, f32) {
+fn decode(ty: GgmlType, row: &[u8], blk: usize, kb: usize, v: &mut [i8; 256]) -> (f32, f32) {
     let h = |b: [u8; 2]| f16_to_f32(u16::from_le_bytes(b));
     let out = v.as_mut_ptr();
     // SAFETY: every store below writes inside `v` (at most 256 bytes), and the loads read whole
@@ -104,6 +105,14 @@ fn decode(ty: GgmlType, row: &[u8], blk: usize, v: &mut [i8; 256]) -> (f32, f32)
                 let b = &blocks::<BlockQ5_1>(row)[blk];
                 store_q5(&b.qs, b.qh, 0, out);
                 (h(b.d), h(b.m))
+            }
+            GgmlType::Q1_0 if kb == 128 => {
+                let b = &blocks::<BlockQ1_0>(row)[blk];
+                for k in 0..4 {
+                    let bits = u32::from_le_bytes(b.qs[4 * k..4 * k + 4].try_into().unwrap());
+                    _mm256_storeu_si256(out.add(32 * k) as *mut __m256i, signs(bits));
+                }
+                (h(b.d), 0.0)
             }
             GgmlType::Q1_0 => {
                 let b = &blocks::<BlockQ1_0>(row)[blk / 4];
@@ -226,11 +235,14 @@ fn trits_128(q: __m128i) -> __m128i {
 
 /// Q1_0 rows from the row-interleaved packed layout: per 128-block, the four bytes of sign bits
 /// of each 32-block sit in four vectors, 16 rows each; a byte transpose gives every row's
-/// 32-bit mask at once.
+/// 32-bit mask at once. 32-value activation blocks take one 512-byte tile per 32-block;
+/// 128-value blocks take two tiles of 64-byte rows, each row one 64-bit mask (32-blocks 0
+/// and 1, then 2 and 3).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-fn expand_q1_0_packed(p: &PackedMat, row0: usize, out: &mut TileRows) {
+fn expand_q1_0_packed(p: &PackedMat, row0: usize, geom: Geometry, out: &mut TileRows) {
     let group = p.group(row0 / GROUP);
     let tile = (row0 % GROUP) / 16;
+    let (minus, plus) = (_mm512_set1_epi8(-1), _mm512_set1_epi8(1));
     for b128 in 0..p.cols / 128 {
         let g = &group[b128 * Q1_GROUP_BLOCK..(b128 + 1) * Q1_GROUP_BLOCK];
         let mut d = [0f32; 16];
@@ -238,11 +250,10 @@ fn expand_q1_0_packed(p: &PackedMat, row0: usize, out: &mut TileRows) {
             let (v, l) = scale_order(16 * tile + n);
             *d = f16_to_f32(u16::from_le_bytes([g[2 * (16 * v + l)], g[2 * (16 * v + l) + 1]]));
         }
-        for k in 0..4 {
-            let blk = 4 * b128 + k;
-            out.d[16 * blk..16 * blk + 16].copy_from_slice(&d);
+        // masks[k][n]: the 32 sign bits of 32-block k of row n.
+        let masks: [[u32; 16]; 4] = std::array::from_fn(|k| {
             // SAFETY: the group block has 16 vectors of 64 bytes after the 64 scales.
-            let masks: [u32; 16] = unsafe {
+            unsafe {
                 let v = |j: usize| {
                     _mm_loadu_si128(g.as_ptr().add(2 * GROUP + 64 * (4 * k + j) + 16 * tile) as *const __m128i)
                 };
@@ -255,7 +266,24 @@ fn expand_q1_0_packed(p: &PackedMat, row0: usize, out: &mut TileRows) {
                     _mm_unpacklo_epi16(a_hi, b_hi),
                     _mm_unpackhi_epi16(a_hi, b_hi),
                 ])
-            };
+            }
+        });
+        if geom.kb == 128 {
+            out.d[16 * b128..16 * b128 + 16].copy_from_slice(&d);
+            let tiles = &mut out.qs[b128 * 2048..(b128 + 1) * 2048];
+            for step in 0..2 {
+                for n in 0..16 {
+                    let bits = masks[2 * step][n] as u64 | (masks[2 * step + 1][n] as u64) << 32;
+                    let row = _mm512_mask_blend_epi8(bits, minus, plus);
+                    // SAFETY: row n of the step's tile is 64 bytes at 1024 · step + 64n.
+                    unsafe { _mm512_storeu_si512(tiles.as_mut_ptr().add(1024 * step + 64 * n) as *mut __m512i, row) };
+                }
+            }
+            continue;
+        }
+        for (k, masks) in masks.iter().enumerate() {
+            let blk = 4 * b128 + k;
+            out.d[16 * blk..16 * blk + 16].copy_from_slice(&d);
             let tile_out = &mut out.qs[blk * 512..(blk + 1) * 512];
             for (n, &bits) in masks.iter().enumerate() {
                 // SAFETY: row n of the 512-byte tile is 32 bytes at 32n.

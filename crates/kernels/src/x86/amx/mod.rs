@@ -29,7 +29,15 @@ use crate::matmul::{MatRef, OutPtr, RowKernel};
 use crate::pool::Pool;
 use expand::TileRows;
 
-pub(crate) const TABLE: Table = Table { row_kernel, prepare, ..avx512::TABLE };
+pub(crate) const TABLE: Table = Table { row_kernel, prepare, batch_format, ..avx512::TABLE };
+
+/// Q1_0 batches take one activation scale per 128 values (the weights' own block), so the
+/// tiles sum whole blocks before they are stored and scaled: a quarter of the stores and
+/// scaling, and full-width tile products.
+fn batch_format(format: ActFormat, w_tys: &[GgmlType], rows: usize) -> ActFormat {
+    let all_q1 = !w_tys.is_empty() && w_tys.iter().all(|&t| t == GgmlType::Q1_0);
+    if format == ActFormat::Q8_0 && all_q1 && rows >= MIN_TOKENS { ActFormat::Q8_0x4 } else { format }
+}
 
 /// Batches smaller than this use the AVX-512 kernels.
 const MIN_TOKENS: usize = 16;
@@ -47,6 +55,7 @@ impl Geometry {
     fn of(format: ActFormat) -> Option<Geometry> {
         match format {
             ActFormat::Q8_0 | ActFormat::Q8_1 => Some(Geometry { kb: 32, colsb: 32 }),
+            ActFormat::Q8_0x4 => Some(Geometry { kb: 128, colsb: 64 }),
             ActFormat::Q8K => Some(Geometry { kb: 256, colsb: 64 }),
             ActFormat::F32 => None,
         }
@@ -122,39 +131,96 @@ fn prepare(pool: &Pool, acts: &mut Acts, w_tys: &[GgmlType]) {
     }
     let (format, rb, at) = (acts.format(), acts.row_bytes(), rows * acts.aux_row_bytes());
     let (src, aux) = acts.reset_aux(acts.aux_row_bytes(), extra);
-    let (qs, rest) = aux[at..].split_at_mut(qs_len);
-    let (d, s) = rest.split_at_mut(sc_len);
-    let (d, s): (&mut [f32], &mut [f32]) = (bytemuck::cast_slice_mut(d), bytemuck::cast_slice_mut(s));
-    qs.fill(0);
+    let out = SharedMut(aux[at..].as_mut_ptr());
+    let nblk = cols / geom.kb;
+    let tiles = rows.div_ceil(32) * 2;
+    pool.for_chunks(tiles, 1, &|_, range| {
+        for tile in range {
+            let first = (16 * tile).min(rows);
+            let tokens: [&[u8]; 16] =
+                std::array::from_fn(|n| src.get((first + n) * rb..(first + n + 1) * rb).unwrap_or(&[]));
+            let tokens = &tokens[..(rows - first).min(16)];
+            let base = out.ptr();
+            // SAFETY: tile `tile` owns its blocks of quants and its scales and sums, which lie
+            // inside the `qs_len + 2 · sc_len` bytes reserved after the rows.
+            unsafe {
+                let qs = std::slice::from_raw_parts_mut(
+                    base.add(tile * nblk * geom.block_bytes()),
+                    nblk * geom.block_bytes(),
+                );
+                let d = std::slice::from_raw_parts_mut(base.add(qs_len + tile * nblk * 64) as *mut f32, nblk * 16);
+                let s =
+                    std::slice::from_raw_parts_mut(base.add(qs_len + sc_len + tile * nblk * 64) as *mut f32, nblk * 16);
+                fill_tile(format, geom, tokens, qs, d, s);
+            }
+        }
+    });
+}
+
+struct SharedMut(*mut u8);
+// SAFETY: used to hand disjoint parts of one buffer to different threads.
+unsafe impl Sync for SharedMut {}
+
+impl SharedMut {
+    fn ptr(&self) -> *mut u8 {
+        self.0
+    }
+}
+
+/// One 16-token tile of B operands: per block, each token's values and scale (and Q8_1 sum);
+/// tokens past the end stay zero. A step's B tile is a 16 × (colsb / 4) transpose of 4-byte
+/// groups: row r holds values 4r..4r+4 of tokens 0..16.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+fn fill_tile(format: ActFormat, geom: Geometry, tokens: &[&[u8]], qs: &mut [u8], d: &mut [f32], s: &mut [f32]) {
+    let mut vals = [[0i8; 256]; 16];
     d.fill(0.0);
     s.fill(0.0);
-    let nblk = cols / geom.kb;
-    for t in 0..rows {
-        let row = &src[t * rb..(t + 1) * rb];
-        for blk in 0..nblk {
-            let (vals, scale, sum): (&[i8], f32, f32) = match format {
+    for blk in 0..qs.len() / geom.block_bytes() {
+        for (n, row) in tokens.iter().enumerate() {
+            let v = &mut vals[n];
+            let (scale, sum) = match format {
                 ActFormat::Q8_0 => {
                     let b = &blocks::<BlockQ8_0>(row)[blk];
-                    (&b.qs, f16_to_f32(u16::from_le_bytes(b.d)), 0.0)
+                    v[..32].copy_from_slice(&b.qs);
+                    (f16_to_f32(u16::from_le_bytes(b.d)), 0.0)
                 }
                 ActFormat::Q8_1 => {
                     let b = &blocks::<BlockQ8_1>(row)[blk];
-                    (&b.qs, f16_to_f32(u16::from_le_bytes(b.d)), f16_to_f32(u16::from_le_bytes(b.s)))
+                    v[..32].copy_from_slice(&b.qs);
+                    (f16_to_f32(u16::from_le_bytes(b.d)), f16_to_f32(u16::from_le_bytes(b.s)))
+                }
+                ActFormat::Q8_0x4 => {
+                    let four = &blocks::<BlockQ8_0>(row)[4 * blk..4 * blk + 4];
+                    for (k, b) in four.iter().enumerate() {
+                        v[32 * k..32 * k + 32].copy_from_slice(&b.qs);
+                    }
+                    (f16_to_f32(u16::from_le_bytes(four[0].d)), 0.0)
                 }
                 _ => {
                     let b = &blocks::<BlockQ8K>(row)[blk];
-                    (&b.qs, b.d, 0.0)
+                    v.copy_from_slice(&b.qs);
+                    (b.d, 0.0)
                 }
             };
-            let (tile, n) = (t / 16, t % 16);
-            let at = (tile * nblk + blk) * 16;
-            d[at + n] = scale;
-            s[at + n] = sum;
-            let base = (tile * nblk + blk) * geom.block_bytes();
-            for (q, four) in vals.chunks_exact(4).enumerate() {
-                let (step, r) = (4 * q / geom.colsb, (4 * q % geom.colsb) / 4);
-                let off = base + step * geom.step_bytes() + 64 * r + 4 * n;
-                qs[off..off + 4].copy_from_slice(bytemuck::cast_slice(four));
+            d[16 * blk + n] = scale;
+            s[16 * blk + n] = sum;
+        }
+        for step in 0..geom.steps() {
+            let at = step * geom.colsb;
+            // SAFETY: each token's values of the step are `colsb` (32 or 64) bytes of its 256.
+            let rows: [__m512; 16] = std::array::from_fn(|n| unsafe {
+                let p = vals[n].as_ptr().add(at);
+                _mm512_castsi512_ps(if geom.colsb == 64 {
+                    _mm512_loadu_si512(p as *const __m512i)
+                } else {
+                    _mm512_zextsi256_si512(_mm256_loadu_si256(p as *const __m256i))
+                })
+            });
+            let cols = avx512::transpose16(&rows);
+            let tile = &mut qs[blk * geom.block_bytes() + step * geom.step_bytes()..][..geom.step_bytes()];
+            for (r, c) in cols.iter().take(geom.colsb / 4).enumerate() {
+                // SAFETY: row r of the step's tile is 64 bytes at 64r.
+                unsafe { _mm512_storeu_ps(tile.as_mut_ptr().add(64 * r) as *mut f32, *c) };
             }
         }
     }
@@ -218,7 +284,7 @@ unsafe fn gemm_tiles(w: &MatRef, rows: Range<usize>, a: &TileActs, m: usize, out
     let tile_bytes = nblk * g.block_bytes();
     let has_offset = matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q5_1);
     let group = match w.ty {
-        GgmlType::Q1_0 => 4,
+        GgmlType::Q1_0 if g.kb == 32 => 4,
         GgmlType::Q2_0 => 2,
         _ => 1,
     };

@@ -15,6 +15,7 @@ use crate::dispatch::Table;
 pub(crate) const TABLE: Table = Table {
     row_kernel: matmul::kernel,
     quantize_row,
+    batch_format: crate::dispatch::same_format,
     prepare: |pool, acts, w_tys| super::prepare_planar(pool, acts, w_tys.contains(&GgmlType::Q1_0), 0),
     pack: |w, pool| match w.ty {
         GgmlType::Q1_0 => Some(crate::pack::pack_q1_0(w, pool)),

@@ -20,6 +20,7 @@ use crate::matmul::RowKernel;
 pub(crate) const TABLE: Table = Table {
     row_kernel,
     quantize_row,
+    batch_format: crate::dispatch::same_format,
     prepare: |pool, acts, w_tys| super::prepare_planar(pool, acts, w_tys.contains(&GgmlType::Q1_0), 0),
     pack: |w, pool| match w.ty {
         GgmlType::Q1_0 if w.cols <= 128 * matmul::MAX_BLOCKS => Some(crate::pack::pack_q1_0(w, pool)),
@@ -47,6 +48,8 @@ pub(crate) fn quantize_row(format: ActFormat, x: &[f32], out: &mut [u8]) {
         // SAFETY: only reachable through a table handed out after checking AVX-512 F/BW.
         ActFormat::Q8_0 => unsafe { quantize_q8(x, out, false) },
         ActFormat::Q8_1 => unsafe { quantize_q8(x, out, true) },
+        // SAFETY: as above.
+        ActFormat::Q8_0x4 => unsafe { quantize_q8_0x4(x, out) },
         _ => quantize_row_ref(format, x, out),
     }
 }
@@ -69,6 +72,29 @@ fn q8_block(x: &[f32], qs: &mut [i8; 32]) -> (f32, i32) {
         _mm_storeu_si128(qs.as_mut_ptr().add(16) as *mut __m128i, _mm512_cvtsepi32_epi8(i1));
     }
     (d, sum)
+}
+
+/// Q8_0 blocks whose runs of four share the scale max|x|/127 of their 128 values.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+fn quantize_q8_0x4(x: &[f32], out: &mut [u8]) {
+    const RNE: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    for (four, xs) in
+        crate::formats::blocks_mut::<crate::formats::BlockQ8_0>(out).chunks_exact_mut(4).zip(x.chunks_exact(128))
+    {
+        // SAFETY: `xs` holds 128 values, eight vectors.
+        let v: [__m512; 8] = std::array::from_fn(|i| unsafe { _mm512_loadu_ps(xs.as_ptr().add(16 * i)) });
+        let amax = _mm512_reduce_max_ps(v.iter().fold(_mm512_setzero_ps(), |m, &v| _mm512_max_ps(m, _mm512_abs_ps(v))));
+        let d = crate::formats::f32_to_f16(amax / 127.0).to_le_bytes();
+        let id = _mm512_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+        for (k, b) in four.iter_mut().enumerate() {
+            b.d = d;
+            for h in 0..2 {
+                let i = _mm512_cvtps_epi32(_mm512_roundscale_ps::<RNE>(_mm512_mul_ps(v[2 * k + h], id)));
+                // SAFETY: 16 bytes at 16h of the block's 32.
+                unsafe { _mm_storeu_si128(b.qs.as_mut_ptr().add(16 * h) as *mut __m128i, _mm512_cvtsepi32_epi8(i)) };
+            }
+        }
+    }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
