@@ -4,9 +4,12 @@
 //! expanded, 16 rows at a time, to signed bytes (the A operand of `tdpbssd`) and multiplied
 //! with the activations, laid out once per product in the VNNI order of the B operand. A 2 × 2
 //! block of tiles (32 weight rows × 32 tokens) shares each loaded tile between two products.
-//! Each product covers one activation block (32 values of Q8_0/Q8_1, 256 of Q8_K), so every
-//! block keeps its own scales and the integer arithmetic is exactly the reference's; the i32
-//! tiles are stored and scaled with AVX-512 while the tile unit works on the next block.
+//! Each product covers one activation block (32 values of Q8_0/Q8_1, 128 of Q8_0x4, 256 of
+//! Q8_K), so every block keeps its own scales and the integer arithmetic is exactly the
+//! reference's; the i32 tiles are stored and scaled with AVX-512 after each block. A tile
+//! product costs the same whether its rows hold 32 or 64 bytes, and each store about as much
+//! again, so Q1_0 batches ask for Q8_0x4 activations ([`batch_format`]): whole 128-blocks at
+//! full width, one store per block instead of four.
 //!
 //! Tile instructions are inline assembly; Linux grants the tile state once per process (see
 //! `amx_perm`). Other types, and small batches, use the AVX-512 kernels.
@@ -391,7 +394,7 @@ impl Pair {
         }
     }
 
-    /// `G` consecutive blocks share one weight scale (Q1_0: 4, Q2_0: 2), so their tiles are
+    /// `G` consecutive blocks share one weight scale (Q1_0 with Q8_0: 4, Q2_0: 2), so their tiles are
     /// scaled together: the per-token scales first, the weight scale once.
     #[inline(always)]
     unsafe fn product_by<const G: usize>(&self, c: *mut u8, acc: *mut __m512) {
