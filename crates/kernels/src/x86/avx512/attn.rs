@@ -92,98 +92,143 @@ fn gemm_nt_impl(a: &[f32], b: &[f32], k: usize, out: &mut [f32], ldo: usize) {
         let store = mask(rows);
         let mut i = 0;
         while i < m {
-            let two = i + 1 < m;
-            let (s0, s1) =
-                dots16(&a[i * k..(i + 1) * k], if two { &a[(i + 1) * k..(i + 2) * k] } else { &[] }, &bt[..k]);
-            for (r, s) in [(i, s0), (i + 1, s1)].into_iter().take(1 + two as usize) {
-                assert!(r * ldo + j0 + rows <= out.len());
-                // SAFETY: checked just above; the mask stops at `rows`.
-                unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr().add(r * ldo + j0), store, s) };
+            let r = (m - i).min(4);
+            assert!((i + r) * k <= a.len() && (i + r - 1) * ldo + j0 + rows <= out.len());
+            // SAFETY: rows i..i + r of `a` and of `out` (from column j0, `rows` wide) lie inside
+            // them (just checked); the store mask stops at `rows`.
+            unsafe {
+                let (pa, po) = (a.as_ptr().add(i * k), out.as_mut_ptr().add(i * ldo + j0));
+                match r {
+                    4 => dots16::<4>(pa, k, &bt[..k], po, ldo, store),
+                    3 => dots16::<3>(pa, k, &bt[..k], po, ldo, store),
+                    2 => dots16::<2>(pa, k, &bt[..k], po, ldo, store),
+                    _ => dots16::<1>(pa, k, &bt[..k], po, ldo, store),
+                }
             }
-            i += 2;
+            i += r;
         }
     }
 }
 
-/// Sixteen dot products of `a0` (and `a1`, if not empty) with the transposed block `bt`, with
-/// four independent accumulators per row so that FMA latency is hidden.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn dots16(a0: &[f32], a1: &[f32], bt: &[__m512]) -> (__m512, __m512) {
-    let z = _mm512_setzero_ps();
-    let (mut p0, mut p1, mut p2, mut p3) = (z, z, z, z);
-    let (mut q0, mut q1, mut q2, mut q3) = (z, z, z, z);
-    let k = bt.len();
-    let quads = k / 4;
-    for c in 0..quads {
-        let d = 4 * c;
-        p0 = _mm512_fmadd_ps(_mm512_set1_ps(a0[d]), bt[d], p0);
-        p1 = _mm512_fmadd_ps(_mm512_set1_ps(a0[d + 1]), bt[d + 1], p1);
-        p2 = _mm512_fmadd_ps(_mm512_set1_ps(a0[d + 2]), bt[d + 2], p2);
-        p3 = _mm512_fmadd_ps(_mm512_set1_ps(a0[d + 3]), bt[d + 3], p3);
-        if !a1.is_empty() {
-            q0 = _mm512_fmadd_ps(_mm512_set1_ps(a1[d]), bt[d], q0);
-            q1 = _mm512_fmadd_ps(_mm512_set1_ps(a1[d + 1]), bt[d + 1], q1);
-            q2 = _mm512_fmadd_ps(_mm512_set1_ps(a1[d + 2]), bt[d + 2], q2);
-            q3 = _mm512_fmadd_ps(_mm512_set1_ps(a1[d + 3]), bt[d + 3], q3);
+/// Sixteen dot products of each of `R` rows of `k` values at `a` with the transposed block
+/// `bt`, stored (lanes in `store`) at `out`, `ldo` apart; two accumulators per row (even and
+/// odd `d`) so that FMA latency is hidden.
+#[inline(always)]
+unsafe fn dots16<const R: usize>(a: *const f32, k: usize, bt: &[__m512], out: *mut f32, ldo: usize, store: __mmask16) {
+    unsafe {
+        let mut even = [_mm512_setzero_ps(); R];
+        let mut odd = [_mm512_setzero_ps(); R];
+        for c in 0..k / 2 {
+            let d = 2 * c;
+            for r in 0..R {
+                even[r] = _mm512_fmadd_ps(_mm512_set1_ps(*a.add(r * k + d)), bt[d], even[r]);
+                odd[r] = _mm512_fmadd_ps(_mm512_set1_ps(*a.add(r * k + d + 1)), bt[d + 1], odd[r]);
+            }
+        }
+        if k % 2 == 1 {
+            for (r, e) in even.iter_mut().enumerate() {
+                *e = _mm512_fmadd_ps(_mm512_set1_ps(*a.add(r * k + k - 1)), bt[k - 1], *e);
+            }
+        }
+        for r in 0..R {
+            _mm512_mask_storeu_ps(out.add(r * ldo), store, _mm512_add_ps(even[r], odd[r]));
         }
     }
-    for d in 4 * quads..k {
-        p0 = _mm512_fmadd_ps(_mm512_set1_ps(a0[d]), bt[d], p0);
-        if !a1.is_empty() {
-            q0 = _mm512_fmadd_ps(_mm512_set1_ps(a1[d]), bt[d], q0);
-        }
-    }
-    let sum = |a, b, c, d| _mm512_add_ps(_mm512_add_ps(a, b), _mm512_add_ps(c, d));
-    (sum(p0, p1, p2, p3), sum(q0, q1, q2, q3))
 }
 
-/// `out_i += Σ_j a[i·lda + j] · b_j` for rows `b_j` of `n` values (`out` is m × n).
+/// `out_i += Σ_j a[i·lda + j] · b_j` for rows `b_j` of `n` values (`out` is m × n). Three
+/// output rows at a time share each loaded row of `b`.
 #[target_feature(enable = "avx512f")]
 fn gemm_nn_acc_impl(a: &[f32], lda: usize, b: &[f32], n: usize, out: &mut [f32]) {
     let (m, kk) = (out.len() / n, b.len() / n);
-    for i in 0..m {
-        let p = &a[i * lda..i * lda + kk];
-        let o = &mut out[i * n..(i + 1) * n];
+    let mut i = 0;
+    while i < m {
+        let r = (m - i).min(3);
+        assert!((i + r - 1) * lda + kk <= a.len() && (i + r) * n <= out.len());
         for c0 in (0..n).step_by(128) {
             let width = (n - c0).min(128);
-            // SAFETY: `width` columns from `c0` lie inside `o` and inside every row of `b`.
+            // SAFETY: rows i..i + r of `a` (kk values each) and of `out` lie inside them (just
+            // checked), and `width` columns from `c0` lie inside every row of `out` and `b`.
             unsafe {
-                match width.div_ceil(16) {
-                    8 => acc_cols::<8>(p, b, n, c0, width, o),
-                    7 => acc_cols::<7>(p, b, n, c0, width, o),
-                    6 => acc_cols::<6>(p, b, n, c0, width, o),
-                    5 => acc_cols::<5>(p, b, n, c0, width, o),
-                    4 => acc_cols::<4>(p, b, n, c0, width, o),
-                    3 => acc_cols::<3>(p, b, n, c0, width, o),
-                    2 => acc_cols::<2>(p, b, n, c0, width, o),
-                    _ => acc_cols::<1>(p, b, n, c0, width, o),
+                let (pa, po) = (a.as_ptr().add(i * lda), out.as_mut_ptr().add(i * n));
+                match r {
+                    3 => acc_rows::<3>(pa, lda, kk, b, n, c0, width, po),
+                    2 => acc_rows::<2>(pa, lda, kk, b, n, c0, width, po),
+                    _ => acc_rows::<1>(pa, lda, kk, b, n, c0, width, po),
                 }
             }
+        }
+        i += r;
+    }
+}
+
+/// `R` output rows (at `o`, `n` apart) of columns `c0 .. c0 + width`, their weights at `p`
+/// (`lda` apart, `kk` each).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn acc_rows<const R: usize>(
+    p: *const f32,
+    lda: usize,
+    kk: usize,
+    b: &[f32],
+    n: usize,
+    c0: usize,
+    width: usize,
+    o: *mut f32,
+) {
+    // SAFETY (caller): as for `acc_cols`.
+    unsafe {
+        match width.div_ceil(16) {
+            8 => acc_cols::<8, R>(p, lda, kk, b, n, c0, width, o),
+            7 => acc_cols::<7, R>(p, lda, kk, b, n, c0, width, o),
+            6 => acc_cols::<6, R>(p, lda, kk, b, n, c0, width, o),
+            5 => acc_cols::<5, R>(p, lda, kk, b, n, c0, width, o),
+            4 => acc_cols::<4, R>(p, lda, kk, b, n, c0, width, o),
+            3 => acc_cols::<3, R>(p, lda, kk, b, n, c0, width, o),
+            2 => acc_cols::<2, R>(p, lda, kk, b, n, c0, width, o),
+            _ => acc_cols::<1, R>(p, lda, kk, b, n, c0, width, o),
         }
     }
 }
 
-/// Columns `c0 .. c0 + width` (at most 16 V) of one output row, kept in registers while the
-/// weighted rows stream past.
+/// Columns `c0 .. c0 + width` (at most 16 V) of `R` output rows, kept in registers while the
+/// weighted rows stream past (each loaded once for the `R` rows; rows all weighted 0 are
+/// skipped: the causal tail).
 #[inline(always)]
-unsafe fn acc_cols<const V: usize>(p: &[f32], b: &[f32], n: usize, c0: usize, width: usize, o: &mut [f32]) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn acc_cols<const V: usize, const R: usize>(
+    p: *const f32,
+    lda: usize,
+    kk: usize,
+    b: &[f32],
+    n: usize,
+    c0: usize,
+    width: usize,
+    o: *mut f32,
+) {
     unsafe {
         let masks: [__mmask16; V] = std::array::from_fn(|v| mask(width.saturating_sub(16 * v)));
-        let mut acc: [__m512; V] =
-            std::array::from_fn(|v| _mm512_maskz_loadu_ps(masks[v], o.as_ptr().add(c0 + 16 * v)));
-        for (j, &w) in p.iter().enumerate() {
-            if w == 0.0 {
+        let mut acc: [[__m512; V]; R] = std::array::from_fn(|r| {
+            std::array::from_fn(|v| _mm512_maskz_loadu_ps(masks[v], o.add(r * n + c0 + 16 * v)))
+        });
+        for j in 0..kk {
+            let w: [f32; R] = std::array::from_fn(|r| *p.add(r * lda + j));
+            if w.iter().all(|&w| w == 0.0) {
                 continue;
             }
-            let w = _mm512_set1_ps(w);
+            let w: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(w[r]));
             let row = b.as_ptr().add(j * n + c0);
             for v in 0..V {
-                acc[v] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(masks[v], row.add(16 * v)), acc[v]);
+                let x = _mm512_maskz_loadu_ps(masks[v], row.add(16 * v));
+                for r in 0..R {
+                    acc[r][v] = _mm512_fmadd_ps(w[r], x, acc[r][v]);
+                }
             }
         }
-        for v in 0..V {
-            _mm512_mask_storeu_ps(o.as_mut_ptr().add(c0 + 16 * v), masks[v], acc[v]);
+        for (r, acc) in acc.iter().enumerate() {
+            for v in 0..V {
+                _mm512_mask_storeu_ps(o.add(r * n + c0 + 16 * v), masks[v], acc[v]);
+            }
         }
     }
 }
