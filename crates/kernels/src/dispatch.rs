@@ -120,10 +120,6 @@ impl Kernels {
         Kernels { batch_rounding: rounding, ..self }
     }
 
-    pub fn batch_rounding(&self) -> BatchRounding {
-        self.batch_rounding
-    }
-
     pub fn tier(&self) -> KernelTier {
         self.tier
     }

@@ -394,8 +394,8 @@ impl Pair {
         }
     }
 
-    /// `G` consecutive blocks share one weight scale (Q1_0 with Q8_0: 4, Q2_0: 2), so their tiles are
-    /// scaled together: the per-token scales first, the weight scale once.
+    /// `G` consecutive blocks share one weight scale (Q1_0 with Q8_0: 4, Q2_0: 2), so their
+    /// tiles are scaled together: the per-token scales first, the weight scale once.
     #[inline(always)]
     unsafe fn product_by<const G: usize>(&self, c: *mut u8, acc: *mut __m512) {
         let groups = self.nblk / G;

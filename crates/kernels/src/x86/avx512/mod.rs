@@ -60,8 +60,14 @@ pub(crate) fn quantize_row(format: ActFormat, x: &[f32], out: &mut [u8]) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 fn q8_block(x: &[f32], qs: &mut [i8; 32]) -> (f32, i32) {
     let (v0, v1) = unsafe { (_mm512_loadu_ps(x.as_ptr()), _mm512_loadu_ps(x.as_ptr().add(16))) };
-    let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-    let d = amax / 127.0;
+    q8_block_with(x, _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1))), qs)
+}
+
+/// 32 values to 8-bit with the scale `amax / 127` (returned, with the sum of the quants).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+fn q8_block_with(x: &[f32], amax: f32, qs: &mut [i8; 32]) -> (f32, i32) {
+    let (v0, v1) = unsafe { (_mm512_loadu_ps(x.as_ptr()), _mm512_loadu_ps(x.as_ptr().add(16))) };
     let id = _mm512_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
     const RNE: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     let i0 = _mm512_cvtps_epi32(_mm512_roundscale_ps::<RNE>(_mm512_mul_ps(v0, id)));
@@ -71,28 +77,22 @@ fn q8_block(x: &[f32], qs: &mut [i8; 32]) -> (f32, i32) {
         _mm_storeu_si128(qs.as_mut_ptr() as *mut __m128i, _mm512_cvtsepi32_epi8(i0));
         _mm_storeu_si128(qs.as_mut_ptr().add(16) as *mut __m128i, _mm512_cvtsepi32_epi8(i1));
     }
-    (d, sum)
+    (amax / 127.0, sum)
 }
 
 /// Q8_0 blocks whose runs of four share the scale max|x|/127 of their 128 values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 fn quantize_q8_0x4(x: &[f32], out: &mut [u8]) {
-    const RNE: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     for (four, xs) in
         crate::formats::blocks_mut::<crate::formats::BlockQ8_0>(out).chunks_exact_mut(4).zip(x.chunks_exact(128))
     {
         // SAFETY: `xs` holds 128 values, eight vectors.
-        let v: [__m512; 8] = std::array::from_fn(|i| unsafe { _mm512_loadu_ps(xs.as_ptr().add(16 * i)) });
-        let amax = _mm512_reduce_max_ps(v.iter().fold(_mm512_setzero_ps(), |m, &v| _mm512_max_ps(m, _mm512_abs_ps(v))));
-        let d = crate::formats::f32_to_f16(amax / 127.0).to_le_bytes();
-        let id = _mm512_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
-        for (k, b) in four.iter_mut().enumerate() {
-            b.d = d;
-            for h in 0..2 {
-                let i = _mm512_cvtps_epi32(_mm512_roundscale_ps::<RNE>(_mm512_mul_ps(v[2 * k + h], id)));
-                // SAFETY: 16 bytes at 16h of the block's 32.
-                unsafe { _mm_storeu_si128(b.qs.as_mut_ptr().add(16 * h) as *mut __m128i, _mm512_cvtsepi32_epi8(i)) };
-            }
+        let amax = (0..8).fold(_mm512_setzero_ps(), |m, i| {
+            _mm512_max_ps(m, _mm512_abs_ps(unsafe { _mm512_loadu_ps(xs.as_ptr().add(16 * i)) }))
+        });
+        let amax = _mm512_reduce_max_ps(amax);
+        for (b, xs) in four.iter_mut().zip(xs.chunks_exact(32)) {
+            b.d = crate::formats::f32_to_f16(q8_block_with(xs, amax, &mut b.qs).0).to_le_bytes();
         }
     }
 }
