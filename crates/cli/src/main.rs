@@ -35,6 +35,8 @@ enum Command {
     Template(commands::template::Args),
     /// Measure prompt processing (pp) and generation (tg) speed, llama-bench style.
     Bench(commands::bench::Args),
+    /// Measure many sequences served at once through the engine, llama-batched-bench style.
+    BatchedBench(commands::batched_bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -55,7 +57,7 @@ fn main() -> ExitCode {
         let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
         eprintln!("onebit: internal error{at}: {msg} (please report this)");
     }));
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(llama_flags(std::env::args_os()));
     let level = match cli.verbose {
         0 => tracing::Level::WARN,
         1 => tracing::Level::INFO,
@@ -76,6 +78,7 @@ fn main() -> ExitCode {
         Command::Tokenize(args) => ok(commands::tokenize::run(args)),
         Command::Template(args) => ok(commands::template::run(args)),
         Command::Bench(args) => ok(commands::bench::run(args)),
+        Command::BatchedBench(args) => ok(commands::batched_bench::run(args)),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -84,6 +87,17 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// llama.cpp spells some options with one dash and several letters (`-npp 128`, `-np 4`);
+/// they become the long options of the same name, which clap understands.
+fn llama_flags(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    const MULTI: [&str; 5] = ["-npp", "-ntg", "-npl", "-pps", "-np"];
+    args.map(|a| match a.to_str() {
+        Some(s) if MULTI.contains(&s) => format!("-{s}").into(),
+        _ => a,
+    })
+    .collect()
 }
 
 /// The error and its causes on one line.

@@ -99,3 +99,52 @@ fn a_missing_model_is_one_clear_line() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("Hugging Face"), "{err}");
 }
+
+#[test]
+fn impossible_contexts_and_pools_are_one_clear_line() {
+    let Some(model) = onebit_testkit::demo_model() else { return };
+    let m = model.to_str().unwrap();
+    for (args, says) in [
+        (vec!["run", "-m", m, "-c", "99999999999", "-p", "hi"], "trained for"),
+        (vec!["run", "-m", m, "--parallel", "100000000", "-p", "hi"], "memory"),
+        (vec!["run", "-m", m, "-c", "256", "--kv-size", "64", "-p", "hi"], "--kv-size"),
+        (vec!["run", "-m", m, "--raw", "-c", "4", "-p", "a long prompt that cannot fit"], "context"),
+    ] {
+        let out = onebit(&args, None, &[]);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = text(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("error: ") && err.contains(says), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn batched_bench_prints_llama_batched_bench_s_table_and_json_lines() {
+    let Some(model) = onebit_testkit::shared_file("models/qwen3-q8_0.gguf") else { return };
+    let m = model.to_str().unwrap();
+    let out = onebit(&["batched-bench", "-m", m, "-npp", "16,32", "-ntg", "4", "-npl", "1,3", "-t", "2"], None, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    let rows: Vec<&str> = table.lines().filter(|l| l.starts_with('|')).collect();
+    assert_eq!(
+        rows[0],
+        "|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |"
+    );
+    assert_eq!(rows.len(), 2 + 4, "{table}");
+    let cells: Vec<&str> = rows[5].split('|').map(str::trim).collect();
+    assert_eq!(&cells[1..5], &["32", "4", "3", "108"], "{table}");
+
+    let args = ["batched-bench", "-m", m, "-npp", "16", "-ntg", "4", "-npl", "2", "-pps", "--output-format", "jsonl"];
+    let out = onebit(&args, None, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(text(&out.stdout).trim()).unwrap();
+    for key in
+        ["pp", "tg", "pl", "n_kv", "t_pp", "speed_pp", "t_tg", "speed_tg", "t", "speed", "is_pp_shared", "n_threads"]
+    {
+        assert!(v.get(key).is_some(), "{key} missing: {v}");
+    }
+    assert_eq!(
+        (v["pp"].as_u64(), v["pl"].as_u64(), v["n_kv"].as_u64(), v["is_pp_shared"].as_u64()),
+        (Some(16), Some(2), Some(24), Some(1))
+    );
+}

@@ -20,4 +20,19 @@ pub enum EngineError {
 
     #[error("invalid request: {0}")]
     BadRequest(String),
+
+    #[error("the server is busy: {in_flight} requests are already running or waiting; try again later")]
+    Busy { in_flight: usize },
+
+    #[error("a context of {ctx} tokens is more than the {trained} this model was trained for: lower --ctx-size")]
+    ContextTooLarge { ctx: usize, trained: usize },
+
+    #[error("{0}")]
+    Config(String),
+
+    #[error("the engine has shut down")]
+    ShutDown,
+
+    #[error("internal error: {0}")]
+    Internal(String),
 }

@@ -1,17 +1,20 @@
-//! Text generation: a loaded model with its tokenizer and chat template ([`Engine`]), and
-//! conversations that keep their KV cache between requests ([`Session`]).
+//! Text generation: a loaded model with its tokenizer and chat template ([`Engine`], shared
+//! behind an `Arc`), and the serving engine that runs many requests at once over it
+//! ([`Scheduler`]: continuous batching, a paged KV cache with a prefix cache, cancellation).
 //!
 //! ```no_run
-//! use onebit_engine::{Engine, Flow, GenerateRequest, SamplingParams};
+//! use std::sync::Arc;
+//! use onebit_engine::{Engine, Event, Flow, GenerateRequest, SamplingParams, Scheduler, SchedulerConfig};
+//! use onebit_kernels::Pool;
 //! use onebit_model::{Model, ModelOptions};
 //!
-//! let engine = Engine::new(Model::load("model.gguf", &ModelOptions::default())?)?;
+//! let engine = Arc::new(Engine::new(Model::load("model.gguf", &ModelOptions::default())?)?);
+//! let scheduler = Scheduler::start(Arc::clone(&engine), Pool::new(2), SchedulerConfig::default())?;
 //! let prompt = engine.chat_prompt(&[onebit_engine::message("user", "Hi!")], &Default::default())?;
 //! let ids = engine.tokenize(&prompt, true)?;
-//! let mut session = engine.session(4096);
 //! let req = GenerateRequest { sampling: SamplingParams::greedy(), max_tokens: Some(32), ..Default::default() };
-//! let done = session.generate(&ids, &req, &mut |event| {
-//!     if let onebit_engine::Event::Token { text, .. } = event {
+//! let done = scheduler.submit(ids, req)?.wait(|event| {
+//!     if let Event::Token { text, .. } = event {
 //!         print!("{text}");
 //!     }
 //!     Flow::Continue
@@ -20,9 +23,11 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod blocks;
 mod error;
+mod request;
 pub mod sampling;
-mod session;
+pub mod scheduler;
 pub mod stop;
 
 use onebit_model::Model;
@@ -30,8 +35,9 @@ use onebit_tokenizer::{ChatRequest, ChatTemplate, Tokenizer};
 use serde_json::{Map, Value as Json};
 
 pub use error::EngineError;
+pub use request::{Completion, Event, FinishReason, Flow, GenerateRequest, RequestHandle, Timings, Usage};
 pub use sampling::{Sampler, SamplingParams, TokenLogprobs};
-pub use session::{Completion, Event, FinishReason, Flow, GenerateRequest, Session};
+pub use scheduler::{BlockCounts, Scheduler, SchedulerConfig, SchedulerStats};
 
 /// A chat message for [`Engine::chat_prompt`].
 pub fn message(role: &str, content: &str) -> Json {
@@ -109,10 +115,5 @@ impl Engine {
             return Err(EngineError::EmptyPrompt);
         }
         Ok(ids)
-    }
-
-    /// A new conversation with room for `ctx` tokens (0: the model's trained context).
-    pub fn session(&self, ctx: usize) -> Session<'_> {
-        Session::new(self, ctx)
     }
 }

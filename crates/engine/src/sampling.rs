@@ -76,13 +76,13 @@ pub struct Candidate {
 }
 
 /// The sampler of one sequence: parameters, the recent tokens the penalties look at, and the
-/// random state.
+/// random state. (The vocabulary-sized work space is the caller's, one per thread rather than
+/// one per sequence: see [`Sampler::sample_with`].)
 pub struct Sampler {
     params: SamplingParams,
     recent: std::collections::VecDeque<u32>,
     rng: ChaCha8Rng,
     seed: u64,
-    candidates: Vec<Candidate>,
 }
 
 impl Sampler {
@@ -93,7 +93,6 @@ impl Sampler {
             rng: ChaCha8Rng::seed_from_u64(seed),
             params,
             seed,
-            candidates: Vec::new(),
         }
     }
 
@@ -120,24 +119,26 @@ impl Sampler {
 
     /// Pick the next token from `logits`.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        self.candidates.clear();
-        self.candidates.extend(logits.iter().enumerate().map(|(i, &l)| Candidate { id: i as u32, logit: l }));
-        let mut c = std::mem::take(&mut self.candidates);
-        apply_bias(&mut c, &self.params.logit_bias);
+        self.sample_with(logits, &mut Vec::new())
+    }
+
+    /// Pick the next token from `logits`, using `c` as work space.
+    pub fn sample_with(&mut self, logits: &[f32], c: &mut Vec<Candidate>) -> u32 {
+        c.clear();
+        c.extend(logits.iter().enumerate().map(|(i, &l)| Candidate { id: i as u32, logit: l }));
+        apply_bias(c, &self.params.logit_bias);
         if self.params.penalties_on() {
-            apply_penalties(&mut c, self.recent.iter().copied(), &self.params);
+            apply_penalties(c, self.recent.iter().copied(), &self.params);
         }
-        let id = if self.params.temperature <= 0.0 {
-            greedy(&c)
+        if self.params.temperature <= 0.0 {
+            greedy(c)
         } else {
-            top_k(&mut c, self.params.top_k);
-            top_p(&mut c, self.params.top_p);
-            min_p(&mut c, self.params.min_p);
-            temperature(&mut c, self.params.temperature);
-            draw(&c, &mut self.rng)
-        };
-        self.candidates = c;
-        id
+            top_k(c, self.params.top_k);
+            top_p(c, self.params.top_p);
+            min_p(c, self.params.min_p);
+            temperature(c, self.params.temperature);
+            draw(c, &mut self.rng)
+        }
     }
 }
 

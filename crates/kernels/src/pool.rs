@@ -132,6 +132,29 @@ impl Pool {
     }
 }
 
+impl Pool {
+    /// Run `f(tid, item)` once for every item of `items`, each item handed to exactly one
+    /// thread. This is the one way work writes through disjoint parts of one buffer from
+    /// several threads: the exclusive borrow of `items` is split, never shared.
+    pub fn for_each_mut<T: Send>(&self, items: &mut [T], f: &(dyn Fn(usize, &mut T) + Sync)) {
+        struct Items<T>(*mut T);
+        // SAFETY: the pointer is only used to reach distinct items from distinct threads (each
+        // index is handed out once by `for_chunks`), and `T: Send` lets an item move to the
+        // thread that works on it.
+        unsafe impl<T: Send> Sync for Items<T> {}
+        let ptr = Items(items.as_mut_ptr());
+        let n = items.len();
+        self.for_chunks(n, 1, &|tid, range| {
+            for i in range {
+                let p = &ptr;
+                // SAFETY: `i < n`, and no other thread receives index `i` (see above); `items`
+                // stays exclusively borrowed until every thread has finished.
+                f(tid, unsafe { &mut *p.0.add(i) });
+            }
+        });
+    }
+}
+
 impl Drop for Pool {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, Ordering::SeqCst);
@@ -247,6 +270,15 @@ mod tests {
             }
         });
         assert!(seen.iter().all(|c| c.load(Ordering::Relaxed) == 1));
+    }
+
+    #[test]
+    fn each_item_goes_to_one_thread() {
+        let pool = Pool::new(3);
+        let mut items: Vec<usize> = vec![0; 1001];
+        pool.for_each_mut(&mut items, &|_, x| *x += 1);
+        assert!(items.iter().all(|&x| x == 1));
+        pool.for_each_mut(&mut Vec::<u8>::new(), &|_, _| unreachable!());
     }
 
     #[test]

@@ -5,7 +5,8 @@
 
 use std::time::Instant;
 
-use onebit_model::{LogitsWanted, Model, ModelOptions, SeqInput};
+use onebit_kernels::Pool;
+use onebit_model::{LogitsWanted, Model, ModelOptions, Scratch};
 
 fn rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -33,14 +34,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         rss_mib(),
         model.kernels().tier()
     );
-    let mut cache = model.new_cache(ctx);
-    let mut scratch = model.new_scratch();
+    let pool = Pool::new(Pool::default_threads());
+    let mut cache = model.new_cache(ctx)?;
+    let mut scratch = Scratch::new();
     println!("cache for {ctx} positions: up to {:.1} MiB", cache.capacity_bytes() as f64 / (1 << 20) as f64);
     let t1 = Instant::now();
-    model.forward(&mut [SeqInput { cache: &mut cache, tokens: &[1], logits: LogitsWanted::Last }], &mut scratch)?;
+    model.forward_one(&pool, &mut cache, &[1], LogitsWanted::Last, &mut scratch)?;
     println!("first token in {:.1} ms, RSS {:.1} MiB", t1.elapsed().as_secs_f64() * 1e3, rss_mib());
     let t2 = Instant::now();
-    model.forward(&mut [SeqInput { cache: &mut cache, tokens: &[2], logits: LogitsWanted::Last }], &mut scratch)?;
+    model.forward_one(&pool, &mut cache, &[2], LogitsWanted::Last, &mut scratch)?;
     println!("second token in {:.1} ms, RSS {:.1} MiB", t2.elapsed().as_secs_f64() * 1e3, rss_mib());
     Ok(())
 }

@@ -1,11 +1,15 @@
-//! Causal attention over each sequence's KV cache, by blocks.
+//! Causal attention over each sequence's cached keys and values, read through its block table.
 //!
 //! The work is cut into units of one sequence, one kv head and a run of up to ~64 queries (a
 //! few of that sequence's batch tokens times the query heads that share the kv head). A unit
-//! widens its cached keys to f32 one block of rows at a time, takes the scores of all its
-//! queries against the block in one product, then softmaxes every query over its own causal
-//! range and sums the value rows the same way. Each cached row is thus read and widened once
-//! per unit rather than once per query.
+//! widens its cached keys to f32 one run of rows at a time (gathered from the pool's blocks
+//! where they lie), takes the scores of all its queries against the run in one product, then
+//! softmaxes every query over its own causal range and sums the value rows the same way. Each
+//! cached row is thus read and widened once per unit rather than once per query.
+//!
+//! A query's result does not depend on the unit it falls in: the block products give each
+//! output row the same arithmetic whatever the other rows, and runs of rows always start at
+//! multiples of [`ROW_BLOCK`].
 //!
 //! Like llama.cpp without flash attention, products with an f16 cache are taken at f16
 //! precision: q is rounded to f16 before q·k, and the softmax weights before they scale v.
@@ -15,12 +19,13 @@ use onebit_kernels::formats::dequantize;
 use onebit_kernels::{Kernels, PerThread, Pool};
 
 use crate::config::Config;
-use crate::kv_cache::{KvCache, KvRow};
+use crate::kv_cache::{BLOCK_TOKENS, KvPool, KvRow, KvType};
 
 /// Queries per unit to aim for (tokens × heads of a group).
 const UNIT_QUERIES: usize = 64;
-/// Cached rows widened at a time.
+/// Cached rows widened at a time (a multiple of the pool's block).
 const ROW_BLOCK: usize = 64;
+const _: () = assert!(ROW_BLOCK.is_multiple_of(BLOCK_TOKENS));
 
 /// Per-thread buffers.
 #[derive(Default)]
@@ -45,23 +50,29 @@ pub(crate) struct Attention<'a> {
     pub config: &'a Config,
     pub kernels: Kernels,
     pub layer: usize,
-    pub caches: &'a [&'a KvCache],
-    /// Per batch token: its queries, `n_heads × head_dim`.
-    pub q: &'a [f32],
+    pub kv: &'a KvPool,
+    /// Per sequence of the batch: its block table.
+    pub tables: &'a [&'a [u32]],
     /// Per batch token: (sequence, position).
     pub where_: &'a [(usize, usize)],
 }
 
 impl Attention<'_> {
-    /// Write every token's attention output (`n_heads × value_dim` per token) into `out`.
-    pub fn run(&self, pool: &Pool, scratch: &PerThread<AttnScratch>, out: &mut [f32]) {
+    /// Read every token's queries (`n_heads × head_dim` per token) from `q` and write its
+    /// attention output (`n_heads × value_dim`) into `out`, or over its queries in `q` when
+    /// `out` is `None` (heads of q and v must then be equally wide: every unit overwrites
+    /// exactly the queries it read, after reading them, and no other unit reads them).
+    pub fn run(&self, pool: &Pool, scratch: &PerThread<AttnScratch>, q: &mut [f32], out: Option<&mut [f32]>) {
+        let c = self.config;
+        assert!(out.is_some() || c.head_dim == c.value_dim, "attention in place needs equal head widths");
         let units = self.units();
-        let out = SharedOut(out.as_mut_ptr(), out.len());
+        let q = Shared(q.as_mut_ptr(), q.len());
+        let out = out.map_or(Shared(q.0, q.1), |o| Shared(o.as_mut_ptr(), o.len()));
         pool.for_chunks(units.len(), 1, &|tid, range| {
             // SAFETY: `tid` is this thread's own index in the running job.
             let sc = unsafe { scratch.get(tid) };
             for u in range {
-                self.unit(units[u], sc, &out);
+                self.unit(units[u], sc, &q, &out);
             }
         });
     }
@@ -85,14 +96,13 @@ impl Attention<'_> {
         units
     }
 
-    fn unit(&self, u: Unit, sc: &mut AttnScratch, out: &SharedOut) {
+    fn unit(&self, u: Unit, sc: &mut AttnScratch, q: &Shared, out: &Shared) {
         let c = self.config;
         let (d, dv, gsize) = (c.head_dim, c.value_dim, c.group());
         let nq = (u.t1 - u.t0) * gsize;
         let seen_all = self.where_[u.t1 - 1].1 + 1;
-        let cache = self.caches[u.seq];
-        let keys = cache.keys(self.layer, u.group, seen_all);
-        let values = cache.values(self.layer, u.group, seen_all);
+        let table = self.tables[u.seq];
+        let f16 = self.kv.kv_type() == KvType::F16;
 
         // Queries, token-major: query (t - t0) · gsize + i is head group · gsize + i of token t.
         sc.q.resize(nq * d, 0.0);
@@ -100,8 +110,10 @@ impl Attention<'_> {
             for i in 0..gsize {
                 let h = u.group * gsize + i;
                 let dst = &mut sc.q[((t - u.t0) * gsize + i) * d..][..d];
-                dst.copy_from_slice(&self.q[t * c.q_dim() + h * d..][..d]);
-                if matches!(keys, KvRow::F16(_)) {
+                // SAFETY: this unit alone reads and writes the heads of `group` of its tokens,
+                // and writes them only at its end.
+                unsafe { q.read(t * c.q_dim() + h * d, dst) };
+                if f16 {
                     self.kernels.round_f16(dst);
                 }
             }
@@ -112,7 +124,7 @@ impl Attention<'_> {
         for j0 in (0..seen_all).step_by(ROW_BLOCK) {
             let n = (seen_all - j0).min(ROW_BLOCK);
             let rows = &mut sc.rows[..n * d];
-            widen(self.kernels, keys, j0 * d, rows);
+            self.gather(table, j0, d, rows, |b| self.kv.keys(self.layer, b, u.group));
             self.kernels.gemm_nt(&sc.q, rows, d, &mut sc.scores[j0..], seen_all);
         }
 
@@ -123,7 +135,7 @@ impl Attention<'_> {
             row[..seen].iter_mut().for_each(|s| *s *= scale);
             self.kernels.softmax(&mut row[..seen]);
             row[seen..].fill(0.0);
-            if matches!(values, KvRow::F16(_)) {
+            if f16 {
                 self.kernels.round_f16(&mut row[..seen]);
             }
         }
@@ -133,7 +145,7 @@ impl Attention<'_> {
         for j0 in (0..seen_all).step_by(ROW_BLOCK) {
             let n = (seen_all - j0).min(ROW_BLOCK);
             let rows = &mut sc.rows[..n * dv];
-            widen(self.kernels, values, j0 * dv, rows);
+            self.gather(table, j0, dv, rows, |b| self.kv.values(self.layer, b, u.group));
             self.kernels.gemm_nn_acc(&sc.scores[j0..], seen_all, rows, dv, &mut sc.out);
         }
 
@@ -150,6 +162,22 @@ impl Attention<'_> {
     }
 }
 
+impl Attention<'_> {
+    /// Rows `j0 .. j0 + dst.len() / width` of a sequence (keys or values of one head, as
+    /// `page` gives them for a block), widened to f32 into `dst`.
+    fn gather<'k>(&self, table: &[u32], j0: usize, width: usize, dst: &mut [f32], page: impl Fn(usize) -> KvRow<'k>) {
+        let n = dst.len() / width;
+        let mut j = j0;
+        while j < j0 + n {
+            let slot = j % BLOCK_TOKENS;
+            let take = (BLOCK_TOKENS - slot).min(j0 + n - j);
+            let out = &mut dst[(j - j0) * width..(j - j0 + take) * width];
+            widen(self.kernels, page(table[j / BLOCK_TOKENS] as usize), slot * width, out);
+            j += take;
+        }
+    }
+}
+
 /// Cached values `at .. at + dst.len()` (counted in values) of a run of rows, as f32.
 fn widen(kernels: Kernels, rows: KvRow, at: usize, dst: &mut [f32]) {
     match rows {
@@ -162,15 +190,24 @@ fn widen(kernels: Kernels, rows: KvRow, at: usize, dst: &mut [f32]) {
     }
 }
 
-struct SharedOut(*mut f32, usize);
-// SAFETY: units write disjoint ranges of the output.
-unsafe impl Sync for SharedOut {}
+/// A buffer that units read and write in disjoint ranges from several threads.
+#[derive(Clone, Copy)]
+struct Shared(*mut f32, usize);
+// SAFETY: units touch disjoint ranges (see `unit`).
+unsafe impl Sync for Shared {}
 
-impl SharedOut {
+impl Shared {
     /// # Safety
-    /// No other thread may write `at .. at + src.len()` at the same time.
+    /// No other thread may touch `at .. at + src.len()` at the same time.
     unsafe fn write(&self, at: usize, src: &[f32]) {
         assert!(at + src.len() <= self.1);
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.0.add(at), src.len()) };
+    }
+
+    /// # Safety
+    /// No other thread may write `at .. at + dst.len()` at the same time.
+    unsafe fn read(&self, at: usize, dst: &mut [f32]) {
+        assert!(at + dst.len() <= self.1);
+        unsafe { std::ptr::copy_nonoverlapping(self.0.add(at), dst.as_mut_ptr(), dst.len()) };
     }
 }

@@ -39,6 +39,21 @@ pub enum ModelError {
     #[error("position {pos} is past the context size {ctx}: start a new sequence or raise --ctx-size")]
     ContextFull { pos: usize, ctx: usize },
 
+    #[error("cannot reserve {} for {what}: lower the context (--ctx-size) or the pool (--kv-size)", human_bytes(*bytes))]
+    OutOfMemory { what: String, bytes: u64 },
+
     #[error("invalid batch: {0}")]
     BadBatch(String),
+}
+
+/// `1.5 GiB`, `640.0 MiB`.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{b} B") } else { format!("{v:.1} {}", UNITS[u]) }
 }

@@ -4,7 +4,7 @@
 //! All tokens of the batch form one activation matrix, so every matrix product is a GEMM over
 //! the whole batch (a decode step of many sequences, or a chunk of prefill, costs one read of
 //! the weights). Attention is the only per-sequence step: each token attends over its own
-//! sequence's cache up to its own position.
+//! sequence's cached positions up to its own, read through the sequence's block table.
 
 use onebit_gguf::GgmlType;
 use onebit_kernels::formats::dequantize;
@@ -13,7 +13,7 @@ use onebit_kernels::{ActFormat, Acts, Kernels, MatRef, PerThread, Pool};
 use crate::attention::{Attention, AttnScratch};
 use crate::config::Config;
 use crate::error::ModelError;
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{BLOCK_TOKENS, KvPool};
 use crate::rope::RopeAngles;
 use crate::weights::{Layer, Weight, Weights};
 
@@ -27,10 +27,17 @@ pub enum LogitsWanted {
     All,
 }
 
-/// One sequence's share of a batch: its cache and the tokens to append at the cache's end.
+/// One sequence's share of a batch: the tokens to add at positions `start ..`, and the block
+/// table through which its positions live in the [`KvPool`].
+///
+/// The table must cover every position up to `start + tokens.len()`; the pass writes the new
+/// tokens' keys and values into their blocks and reads positions `0 .. start` as they are. Two
+/// sequences of one batch may share blocks only below their `start` (read-only prefixes).
+#[derive(Clone, Copy, Debug)]
 pub struct SeqInput<'a> {
-    pub cache: &'a mut KvCache,
     pub tokens: &'a [u32],
+    pub start: usize,
+    pub blocks: &'a [u32],
     pub logits: LogitsWanted,
 }
 
@@ -76,8 +83,10 @@ impl Logits {
     }
 }
 
-/// Buffers reused from pass to pass (sized for the largest batch seen).
+/// Buffers reused from pass to pass (sized for the largest batch seen), and the logits of the
+/// last pass.
 pub struct Scratch {
+    logits: Logits,
     x: Vec<f32>,
     xn: Vec<f32>,
     q: Vec<f32>,
@@ -89,13 +98,21 @@ pub struct Scratch {
     rope: Vec<RopeAngles>,
     acts: Acts,
     attn_scratch: PerThread<AttnScratch>,
+    attn_threads: usize,
     /// Per batch token: (sequence, position).
     where_: Vec<(usize, usize)>,
 }
 
+impl Default for Scratch {
+    fn default() -> Self {
+        Scratch::new()
+    }
+}
+
 impl Scratch {
-    pub fn new(n_threads: usize) -> Scratch {
+    pub fn new() -> Scratch {
         Scratch {
+            logits: Logits::default(),
             x: Vec::new(),
             xn: Vec::new(),
             q: Vec::new(),
@@ -106,19 +123,25 @@ impl Scratch {
             up: Vec::new(),
             rope: Vec::new(),
             acts: Acts::new(),
-            attn_scratch: PerThread::new(n_threads, AttnScratch::default),
+            attn_scratch: PerThread::new(1, AttnScratch::default),
+            attn_threads: 1,
             where_: Vec::new(),
         }
     }
 
-    fn size_for(&mut self, c: &Config, n: usize) {
+    fn size_for(&mut self, c: &Config, n: usize, threads: usize) {
+        if self.attn_threads < threads {
+            self.attn_scratch = PerThread::new(threads, AttnScratch::default);
+            self.attn_threads = threads;
+        }
         let fit = |v: &mut Vec<f32>, len: usize| v.resize(len, 0.0);
         fit(&mut self.x, n * c.hidden);
         fit(&mut self.xn, n * c.hidden);
         fit(&mut self.q, n * c.q_dim());
         fit(&mut self.k, n * c.kv_dim());
         fit(&mut self.v, n * c.v_dim());
-        fit(&mut self.attn, n * c.n_heads * c.value_dim);
+        // Attention writes over the queries when heads of q and v are equally wide.
+        fit(&mut self.attn, if c.head_dim == c.value_dim { 0 } else { n * c.n_heads * c.value_dim });
         fit(&mut self.gate, n * c.ffn);
         fit(&mut self.up, n * c.ffn);
         while self.rope.len() < n {
@@ -135,31 +158,37 @@ pub(crate) struct Net<'a> {
     pub pool: &'a Pool,
 }
 
+/// Per sequence of a batch: its block table (borrowed from the batch).
+type Tables<'a> = Vec<&'a [u32]>;
+
 impl Net<'_> {
-    pub fn forward(&self, batch: &mut [SeqInput], sc: &mut Scratch) -> Result<Logits, ModelError> {
+    pub fn forward<'s>(
+        &self,
+        kv: &mut KvPool,
+        batch: &[SeqInput],
+        sc: &'s mut Scratch,
+    ) -> Result<&'s Logits, ModelError> {
         let c = self.config;
-        let n = self.check_batch(batch)?;
-        sc.size_for(c, n);
+        let n = self.check_batch(kv, batch)?;
+        sc.size_for(c, n, self.pool.n_threads());
         sc.where_.clear();
         for (s, item) in batch.iter().enumerate() {
-            let start = item.cache.len();
-            sc.where_.extend((0..item.tokens.len()).map(|i| (s, start + i)));
+            sc.where_.extend((0..item.tokens.len()).map(|i| (s, item.start + i)));
         }
         for (t, &(_, pos)) in sc.where_.iter().enumerate() {
             sc.rope[t].set(&c.rope, self.weights.rope_freqs.as_deref(), pos);
         }
         self.embed(batch, &mut sc.x)?;
+        let tables: Tables = batch.iter().map(|item| item.blocks).collect();
         for (l, layer) in self.weights.layers.iter().enumerate() {
-            self.attention_block(l, layer, batch, sc, n)?;
+            self.attention_block(l, layer, kv, &tables, sc, n)?;
             self.mlp_block(layer, sc, n)?;
         }
-        for item in batch.iter_mut() {
-            item.cache.advance(item.tokens.len());
-        }
-        self.logits(batch, sc, n)
+        self.logits(batch, sc, n)?;
+        Ok(&sc.logits)
     }
 
-    fn check_batch(&self, batch: &[SeqInput]) -> Result<usize, ModelError> {
+    fn check_batch(&self, kv: &KvPool, batch: &[SeqInput]) -> Result<usize, ModelError> {
         let vocab = self.config.vocab_size;
         let mut n = 0;
         for item in batch {
@@ -169,7 +198,17 @@ impl Net<'_> {
             if let Some(&id) = item.tokens.iter().find(|&&id| id as usize >= vocab) {
                 return Err(ModelError::TokenOutOfRange { id, vocab });
             }
-            item.cache.check_room(item.tokens.len())?;
+            let end = item.start + item.tokens.len();
+            if item.blocks.len() < end.div_ceil(BLOCK_TOKENS) {
+                return Err(ModelError::BadBatch(format!(
+                    "a block table of {} blocks does not reach position {}",
+                    item.blocks.len(),
+                    end - 1
+                )));
+            }
+            if let Some(&b) = item.blocks.iter().find(|&&b| b as usize >= kv.n_blocks()) {
+                return Err(ModelError::BadBatch(format!("block {b} is outside the pool of {}", kv.n_blocks())));
+            }
             n += item.tokens.len();
         }
         if n == 0 {
@@ -192,7 +231,8 @@ impl Net<'_> {
         &self,
         l: usize,
         layer: &Layer,
-        batch: &mut [SeqInput],
+        kv: &mut KvPool,
+        tables: &Tables,
         sc: &mut Scratch,
         n: usize,
     ) -> Result<(), ModelError> {
@@ -213,12 +253,14 @@ impl Net<'_> {
             self.prepare_qkv(layer, t, sc);
             let (s, pos) = sc.where_[t];
             let (kt, vt) = (&sc.k[t * c.kv_dim()..(t + 1) * c.kv_dim()], &sc.v[t * c.v_dim()..(t + 1) * c.v_dim()]);
-            batch[s].cache.write(self.kernels, l, pos, kt, vt);
+            let block = tables[s][pos / BLOCK_TOKENS] as usize;
+            kv.write(self.kernels, l, block, pos % BLOCK_TOKENS, kt, vt);
         }
-        self.attend(l, batch, sc, n);
+        self.attend(l, kv, tables, sc, n);
         let attn_dim = c.n_heads * c.value_dim;
         let out = &mut sc.xn[..n * c.hidden];
-        self.project(&sc.attn[..n * attn_dim], attn_dim, &[&self.mat(&layer.wo)], &mut [out], &mut sc.acts)?;
+        let attn = if sc.attn.is_empty() { &sc.q[..n * attn_dim] } else { &sc.attn[..n * attn_dim] };
+        self.project(attn, attn_dim, &[&self.mat(&layer.wo)], &mut [out], &mut sc.acts)?;
         add_into(&mut sc.x[..n * c.hidden], &sc.xn[..n * c.hidden]);
         Ok(())
     }
@@ -248,17 +290,12 @@ impl Net<'_> {
     }
 
     /// Causal attention of every (token, head) over its sequence's cache.
-    fn attend(&self, l: usize, batch: &[SeqInput], sc: &mut Scratch, n: usize) {
-        let caches: Vec<&KvCache> = batch.iter().map(|item| &*item.cache).collect();
-        let attention = Attention {
-            config: self.config,
-            kernels: self.kernels,
-            layer: l,
-            caches: &caches,
-            q: &sc.q[..n * self.config.q_dim()],
-            where_: &sc.where_[..n],
-        };
-        attention.run(self.pool, &sc.attn_scratch, &mut sc.attn[..n * self.config.n_heads * self.config.value_dim]);
+    fn attend(&self, l: usize, kv: &KvPool, tables: &Tables, sc: &mut Scratch, n: usize) {
+        let attention =
+            Attention { config: self.config, kernels: self.kernels, layer: l, kv, tables, where_: &sc.where_[..n] };
+        let q = &mut sc.q[..n * self.config.q_dim()];
+        let out = (!sc.attn.is_empty()).then(|| &mut sc.attn[..n * self.config.n_heads * self.config.value_dim]);
+        attention.run(self.pool, &sc.attn_scratch, q, out);
     }
 
     fn mlp_block(&self, layer: &Layer, sc: &mut Scratch, n: usize) -> Result<(), ModelError> {
@@ -325,34 +362,41 @@ impl Net<'_> {
         Ok(())
     }
 
-    fn logits(&self, batch: &[SeqInput], sc: &mut Scratch, n: usize) -> Result<Logits, ModelError> {
+    /// Fill `sc.logits` with the rows the batch asks for.
+    fn logits(&self, batch: &[SeqInput], sc: &mut Scratch, n: usize) -> Result<(), ModelError> {
         let c = self.config;
-        let mut rows = Vec::new();
+        let mut rows = std::mem::take(&mut sc.logits.rows);
+        rows.clear();
+        let mut wanted = Vec::new();
         let mut t = 0;
         for (s, item) in batch.iter().enumerate() {
             let len = item.tokens.len();
             match item.logits {
                 LogitsWanted::None => {}
-                LogitsWanted::Last => rows.push((s, len - 1, t + len - 1)),
-                LogitsWanted::All => rows.extend((0..len).map(|i| (s, i, t + i))),
+                LogitsWanted::Last => wanted.push((s, len - 1, t + len - 1)),
+                LogitsWanted::All => wanted.extend((0..len).map(|i| (s, i, t + i))),
             }
             t += len;
         }
         debug_assert_eq!(t, n);
         let out_w = self.mat(self.weights.output());
-        let mut logits = Logits { n_vocab: out_w.rows, data: vec![0.0; rows.len() * out_w.rows], rows: Vec::new() };
-        if rows.is_empty() {
-            return Ok(logits);
+        let m = wanted.len();
+        rows.extend(wanted.iter().map(|&(s, i, _)| (s, i)));
+        sc.logits.rows = rows;
+        sc.logits.n_vocab = out_w.rows;
+        // Sized, not cleared: every row is overwritten by the product.
+        sc.logits.data.resize(m * out_w.rows, 0.0);
+        if m == 0 {
+            return Ok(());
         }
         // Final norm of just the rows that need logits, packed together.
-        for (i, &(_, _, t)) in rows.iter().enumerate() {
+        for (i, &(_, _, t)) in wanted.iter().enumerate() {
             let (x, xn) = (&sc.x[t * c.hidden..(t + 1) * c.hidden], &mut sc.xn[i * c.hidden..(i + 1) * c.hidden]);
             self.kernels.rms_norm(x, &self.weights.output_norm, c.rms_eps, xn);
         }
-        let m = rows.len();
-        self.project(&sc.xn[..m * c.hidden], c.hidden, &[&out_w], &mut [&mut logits.data], &mut sc.acts)?;
-        logits.rows = rows.iter().map(|&(s, i, _)| (s, i)).collect();
-        Ok(logits)
+        let out = &mut sc.logits.data[..m * out_w.rows];
+        self.project(&sc.xn[..m * c.hidden], c.hidden, &[&out_w], &mut [out], &mut sc.acts)?;
+        Ok(())
     }
 }
 

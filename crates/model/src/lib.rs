@@ -2,18 +2,22 @@
 //! (SmolLM, Llama 1/2/3, Mistral GGUFs) and `mistral`.
 //!
 //! ```no_run
-//! use onebit_model::{KvCache, LogitsWanted, Model, ModelOptions, SeqInput};
+//! use onebit_kernels::Pool;
+//! use onebit_model::{LogitsWanted, Model, ModelOptions, Scratch};
+//! let pool = Pool::new(2);
 //! let model = Model::load("model.gguf", &ModelOptions::default())?;
-//! let mut cache = model.new_cache(2048);
-//! let mut scratch = model.new_scratch();
-//! let logits = model.forward(&mut [SeqInput { cache: &mut cache, tokens: &[1, 2, 3], logits: LogitsWanted::Last }], &mut scratch)?;
+//! let mut cache = model.new_cache(2048)?;
+//! let mut scratch = Scratch::new();
+//! let logits = model.forward_one(&pool, &mut cache, &[1, 2, 3], LogitsWanted::Last, &mut scratch)?;
 //! let next = logits.last(0).unwrap();
 //! # Ok::<(), onebit_model::ModelError>(())
 //! ```
 //!
 //! The shape of the code: [`config`] reads hyperparameters from metadata, [`weights`] maps the
 //! table of tensors, [`forward`] runs a batch of sequences through the blocks (norm, attention,
-//! MLP), and [`kv_cache`] holds each sequence's keys and values.
+//! MLP), and [`kv_cache`] holds keys and values in a pool of blocks that sequences share
+//! through block tables. The threads are the caller's ([`Pool`]): one per process, shared by
+//! every model it runs.
 
 mod attention;
 pub mod config;
@@ -24,21 +28,18 @@ mod rope;
 mod weights;
 
 use std::path::Path;
-use std::sync::Mutex;
 
 use onebit_gguf::GgufModel;
 use onebit_kernels::{BatchRounding, KernelTier, Kernels, Pool};
 
 pub use config::{Arch, Config};
-pub use error::ModelError;
+pub use error::{ModelError, human_bytes};
 pub use forward::{Logits, LogitsWanted, Scratch, SeqInput};
-pub use kv_cache::{KvCache, KvType};
+pub use kv_cache::{BLOCK_TOKENS, KvCache, KvPool, KvType};
 
 /// How to load and run a model.
 #[derive(Clone, Debug, Default)]
 pub struct ModelOptions {
-    /// Threads for the forward pass (0: every core).
-    pub threads: usize,
     /// Force a kernel tier instead of the best one available.
     pub kernel_tier: Option<KernelTier>,
     /// How sequences' caches store keys and values.
@@ -47,13 +48,12 @@ pub struct ModelOptions {
     pub batch_rounding: BatchRounding,
 }
 
-/// A loaded model: its file mapped in memory, its weights, kernels and threads.
+/// A loaded model: its file mapped in memory, its weights and kernels.
 pub struct Model {
     // Field order matters: `weights` borrows from `file` and must drop first.
     weights: weights::Weights,
     config: Config,
     kernels: Kernels,
-    pool: Mutex<Pool>,
     kv_type: KvType,
     file: GgufModel,
 }
@@ -80,8 +80,7 @@ impl Model {
         let mut config = Config::from_metadata(&file.metadata())?;
         options.kv_type.check(&config)?;
         let weights = weights::Weights::load(&file, &mut config, kernels)?;
-        let threads = if options.threads == 0 { Pool::default_threads() } else { options.threads };
-        Ok(Model { weights, config, kernels, pool: Mutex::new(Pool::new(threads)), kv_type: options.kv_type, file })
+        Ok(Model { weights, config, kernels, kv_type: options.kv_type, file })
     }
 
     pub fn config(&self) -> &Config {
@@ -97,26 +96,55 @@ impl Model {
         self.kernels
     }
 
-    pub fn n_threads(&self) -> usize {
-        self.pool.lock().map(|p| p.n_threads()).unwrap_or(1)
+    /// How caches of this model store keys and values.
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
     }
 
     /// A cache for one sequence of up to `capacity` positions (0: the model's trained context).
-    pub fn new_cache(&self, capacity: usize) -> KvCache {
+    pub fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
         let capacity = if capacity == 0 { self.config.context_length } else { capacity };
-        KvCache::new_checked(&self.config, capacity, self.kv_type)
+        KvCache::new(&self.config, capacity, self.kv_type)
     }
 
-    /// Scratch buffers for [`Model::forward`].
-    pub fn new_scratch(&self) -> Scratch {
-        Scratch::new(self.n_threads())
+    /// A pool of `n_blocks` blocks for many sequences (see [`KvPool`]).
+    pub fn new_pool(&self, n_blocks: usize) -> Result<KvPool, ModelError> {
+        KvPool::new(&self.config, n_blocks, self.kv_type)
     }
 
-    /// Run a batch: append each sequence's tokens to its cache and return the logits asked for.
-    /// One pass at a time runs on the model's threads; concurrent callers wait their turn.
-    pub fn forward(&self, batch: &mut [SeqInput], scratch: &mut Scratch) -> Result<Logits, ModelError> {
-        let pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
-        let net = forward::Net { config: &self.config, weights: &self.weights, kernels: self.kernels, pool: &pool };
-        net.forward(batch, scratch)
+    /// Run a batch on `pool`'s threads: write each sequence's new keys and values into `kv`
+    /// through its block table, and return the logits asked for (kept in `scratch`).
+    pub fn forward<'s>(
+        &self,
+        pool: &Pool,
+        kv: &mut KvPool,
+        batch: &[SeqInput],
+        scratch: &'s mut Scratch,
+    ) -> Result<&'s Logits, ModelError> {
+        if kv.kv_type() != self.kv_type {
+            return Err(ModelError::BadBatch(format!(
+                "a {} cache for a model loaded with {} caches",
+                kv.kv_type(),
+                self.kv_type
+            )));
+        }
+        let net = forward::Net { config: &self.config, weights: &self.weights, kernels: self.kernels, pool };
+        net.forward(kv, batch, scratch)
+    }
+
+    /// Run `tokens` of one sequence at the end of its own cache.
+    pub fn forward_one<'s>(
+        &self,
+        pool: &Pool,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        logits: LogitsWanted,
+        scratch: &'s mut Scratch,
+    ) -> Result<&'s Logits, ModelError> {
+        cache.check_room(tokens.len())?;
+        let input = SeqInput { tokens, start: cache.len(), blocks: &cache.blocks, logits };
+        let out = self.forward(pool, &mut cache.pool, &[input], scratch)?;
+        cache.advance(tokens.len());
+        Ok(out)
     }
 }

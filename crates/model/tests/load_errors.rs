@@ -2,7 +2,8 @@
 //! metadata, the table of tensors is enforced, and what onebit cannot run is refused by name.
 
 use onebit_gguf::{GgmlType, GgufFile, GgufModel, GgufWriter, OwnedValue};
-use onebit_model::{Arch, LogitsWanted, Model, ModelError, ModelOptions, SeqInput};
+use onebit_kernels::Pool;
+use onebit_model::{Arch, LogitsWanted, Model, ModelError, ModelOptions, Scratch};
 
 struct Spec {
     arch: &'static str,
@@ -60,7 +61,7 @@ fn build(spec: &Spec, extra: impl FnOnce(&mut GgufWriter<'static>)) -> Result<Mo
     t("blk.0.ffn_down.weight", &[spec.ffn as u64, h], 11);
     extra(&mut w);
     let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
-    Model::from_gguf(GgufModel::from_file(file), &ModelOptions { threads: 1, ..Default::default() })
+    Model::from_gguf(GgufModel::from_file(file), &ModelOptions::default())
 }
 
 #[test]
@@ -68,14 +69,10 @@ fn a_hand_built_model_runs() {
     let m = build(&TINY, |_| {}).unwrap();
     assert_eq!(m.config().arch, Arch::Llama);
     assert_eq!(m.config().vocab_size, 50);
-    let mut c = m.new_cache(0);
+    let mut c = m.new_cache(0).unwrap();
     assert_eq!(c.capacity(), 128, "0 means the trained context");
-    let out = m
-        .forward(
-            &mut [SeqInput { cache: &mut c, tokens: &[1, 2, 3], logits: LogitsWanted::Last }],
-            &mut m.new_scratch(),
-        )
-        .unwrap();
+    let mut sc = Scratch::new();
+    let out = m.forward_one(&Pool::new(1), &mut c, &[1, 2, 3], LogitsWanted::Last, &mut sc).unwrap();
     assert!(out.last(0).unwrap().iter().all(|v| v.is_finite()));
 }
 
@@ -153,15 +150,12 @@ fn llama3_rope_frequency_factors_are_used() {
     })
     .unwrap();
     let run = |m: &Model| {
-        let mut c = m.new_cache(16);
-        m.forward(
-            &mut [SeqInput { cache: &mut c, tokens: &[1, 2, 3], logits: LogitsWanted::Last }],
-            &mut m.new_scratch(),
-        )
-        .unwrap()
-        .last(0)
-        .unwrap()
-        .to_vec()
+        let mut c = m.new_cache(16).unwrap();
+        m.forward_one(&Pool::new(1), &mut c, &[1, 2, 3], LogitsWanted::Last, &mut Scratch::new())
+            .unwrap()
+            .last(0)
+            .unwrap()
+            .to_vec()
     };
     assert_ne!(run(&plain), run(&scaled));
 }

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use onebit_gguf::GgmlType;
-use onebit_kernels::{BatchRounding, KernelTier};
-use onebit_model::{LogitsWanted, Model, ModelOptions, SeqInput};
+use onebit_kernels::{BatchRounding, KernelTier, Pool};
+use onebit_model::{BLOCK_TOKENS, LogitsWanted, Model, ModelOptions, Scratch, SeqInput};
 use serde_json::Value;
 
 /// The models use all cores; run one at a time.
@@ -86,23 +86,24 @@ fn check_model(fixture: &str, model_path: Option<PathBuf>, exact: &[usize]) {
         for &batch_rounding in roundings {
             let options = ModelOptions { kernel_tier: Some(tier), batch_rounding, ..ModelOptions::default() };
             let model = Model::load(&path, &options).unwrap();
-            check_on(&fx, &model, &format!("{} [{tier}, {batch_rounding}]", fx["model"].as_str().unwrap()), exact);
+            let name = format!("{} [{tier}, {batch_rounding}]", fx["model"].as_str().unwrap());
+            check_on(&fx, &model, &name, exact);
+            check_together(&fx, &model, &name);
         }
     }
 }
 
 fn check_on(fx: &Value, model: &Model, name: &str, exact: &[usize]) {
-    let mut scratch = model.new_scratch();
+    let pool = Pool::new(2);
+    let mut scratch = Scratch::new();
     for (pi, prompt) in fx["prompts"].as_array().unwrap().iter().enumerate() {
         let tokens: Vec<u32> =
             prompt["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
         let positions = prompt["positions"].as_array().unwrap();
 
         // Batch: every position in one pass.
-        let mut cache = model.new_cache(2048);
-        let logits = model
-            .forward(&mut [SeqInput { cache: &mut cache, tokens: &tokens, logits: LogitsWanted::All }], &mut scratch)
-            .unwrap();
+        let mut cache = model.new_cache(2048).unwrap();
+        let logits = model.forward_one(&pool, &mut cache, &tokens, LogitsWanted::All, &mut scratch).unwrap();
         let mut batch = Stats::default();
         for (i, pos) in positions.iter().enumerate() {
             batch.add(logits.get(0, i).unwrap(), pos);
@@ -110,23 +111,18 @@ fn check_on(fx: &Value, model: &Model, name: &str, exact: &[usize]) {
         let want: Vec<u64> = prompt["greedy"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
         let last = logits.last(0).unwrap().to_vec();
         let exact_prompt = exact.contains(&pi);
-        let (batch_agreed, batch_compared) = greedy(model, &mut cache, last, &want, exact_prompt, &mut scratch);
+        let (batch_agreed, batch_compared) = greedy(model, &pool, &mut cache, last, &want, exact_prompt, &mut scratch);
 
         // Decode: one token at a time, then 32 greedy tokens.
-        let mut cache = model.new_cache(2048);
+        let mut cache = model.new_cache(2048).unwrap();
         let mut decode = Stats::default();
         let mut last = Vec::new();
         for (i, &tok) in tokens.iter().enumerate() {
-            let l = model
-                .forward(
-                    &mut [SeqInput { cache: &mut cache, tokens: &[tok], logits: LogitsWanted::Last }],
-                    &mut scratch,
-                )
-                .unwrap();
+            let l = model.forward_one(&pool, &mut cache, &[tok], LogitsWanted::Last, &mut scratch).unwrap();
             last = l.last(0).unwrap().to_vec();
             decode.add(&last, &positions[i]);
         }
-        let (agreed, compared) = greedy(model, &mut cache, last, &want, exact_prompt, &mut scratch);
+        let (agreed, compared) = greedy(model, &pool, &mut cache, last, &want, exact_prompt, &mut scratch);
 
         eprintln!(
             "{name} p{pi} ({} tok): batch mean {:.4} max {:.4} top1 {}/{} | decode mean {:.4} max {:.4} top1 {}/{} | greedy {agreed}/{compared} of {} (after the batch {batch_agreed}/{batch_compared})",
@@ -155,10 +151,47 @@ fn check_on(fx: &Value, model: &Model, name: &str, exact: &[usize]) {
     }
 }
 
+/// Every prompt of the fixture in one pass over a shared pool of blocks (the engine's batched
+/// path): each prompt's logits must meet the same tolerances as when it runs alone.
+fn check_together(fx: &Value, model: &Model, name: &str) {
+    let prompts: Vec<Vec<u32>> = fx["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect())
+        .collect();
+    let mut tables = Vec::new();
+    let mut next = 0u32;
+    for p in &prompts {
+        let n = p.len().div_ceil(BLOCK_TOKENS) as u32;
+        // Blocks handed out in reverse, so that no table is the identity.
+        tables.push((next..next + n).rev().collect::<Vec<u32>>());
+        next += n;
+    }
+    let mut kv = model.new_pool(next as usize).unwrap();
+    let batch: Vec<SeqInput> = prompts
+        .iter()
+        .zip(&tables)
+        .map(|(p, t)| SeqInput { tokens: p, start: 0, blocks: t, logits: LogitsWanted::All })
+        .collect();
+    let mut scratch = Scratch::new();
+    let logits = model.forward(&Pool::new(2), &mut kv, &batch, &mut scratch).unwrap();
+    for (pi, prompt) in fx["prompts"].as_array().unwrap().iter().enumerate() {
+        let mut together = Stats::default();
+        for (i, pos) in prompt["positions"].as_array().unwrap().iter().enumerate() {
+            together.add(logits.get(pi, i).unwrap(), pos);
+        }
+        assert!(together.max() <= 0.5, "{name} prompt {pi} together: max error {:.4} > 0.5 std", together.max());
+        assert!(together.mean() <= 0.15, "{name} prompt {pi} together: mean error {:.4}", together.mean());
+        assert_eq!(together.top1_agree, together.top1_checked, "{name} prompt {pi} together: top-1 disagrees");
+    }
+}
+
 /// Greedy tokens from `last` (the logits after the prompt in `cache`) while they agree with
 /// `want`, stopping at a near tie unless `exact`: (agreed, compared).
 fn greedy(
     model: &Model,
+    pool: &Pool,
     cache: &mut onebit_model::KvCache,
     mut last: Vec<f32>,
     want: &[u64],
@@ -176,9 +209,7 @@ fn greedy(
             break;
         }
         agreed += 1;
-        let l = model
-            .forward(&mut [SeqInput { cache, tokens: &[next as u32], logits: LogitsWanted::Last }], scratch)
-            .unwrap();
+        let l = model.forward_one(pool, cache, &[next as u32], LogitsWanted::Last, scratch).unwrap();
         last = l.last(0).unwrap().to_vec();
     }
     (agreed, compared)

@@ -6,8 +6,8 @@
 use std::time::Instant;
 
 use anyhow::{Result, bail};
-use onebit_kernels::{BatchRounding, KernelTier};
-use onebit_model::{KvType, LogitsWanted, Model, ModelOptions, SeqInput};
+use onebit_kernels::{BatchRounding, KernelTier, Pool};
+use onebit_model::{KvType, LogitsWanted, Model, ModelOptions, Scratch};
 use serde_json::json;
 
 #[derive(clap::Args)]
@@ -84,13 +84,10 @@ pub fn run(args: Args) -> Result<()> {
     }
     let path = super::resolve::model_path(Some(&args.model), &super::ui::Ui::new(args.json))?;
     for &t in &threads {
-        let options = ModelOptions {
-            threads: t,
-            kernel_tier: args.kernel_tier,
-            kv_type: args.kv_type,
-            batch_rounding: args.batch_rounding,
-        };
+        let options =
+            ModelOptions { kernel_tier: args.kernel_tier, kv_type: args.kv_type, batch_rounding: args.batch_rounding };
         let model = Model::load(&path, &options)?;
+        let pool = Pool::new(if t == 0 { Pool::default_threads() } else { t });
         let (size, params) = weight_totals(&model);
         let name = model_name(&model, params);
         let tests = args.n_prompt.iter().filter(|&&n| n > 0).map(|&n| (format!("pp{n}"), n, true));
@@ -98,7 +95,8 @@ pub fn run(args: Args) -> Result<()> {
         for (test, n, prefill) in tests.collect::<Vec<_>>() {
             let mut samples = Vec::new();
             for rep in 0..=args.repetitions {
-                let secs = if prefill { time_prefill(&model, n, rep)? } else { time_decode(&model, n, rep)? };
+                let secs =
+                    if prefill { time_prefill(&model, &pool, n, rep)? } else { time_decode(&model, &pool, n, rep)? };
                 if rep > 0 {
                     samples.push(n as f64 / secs);
                 }
@@ -146,25 +144,22 @@ fn tokens(model: &Model, n: usize, seed: usize) -> Vec<u32> {
         .collect()
 }
 
-fn time_prefill(model: &Model, n: usize, rep: usize) -> Result<f64> {
+fn time_prefill(model: &Model, pool: &Pool, n: usize, rep: usize) -> Result<f64> {
     let toks = tokens(model, n, rep);
-    let mut cache = model.new_cache(n);
-    let mut scratch = model.new_scratch();
+    let mut cache = model.new_cache(n)?;
+    let mut scratch = Scratch::new();
     let t = Instant::now();
-    model.forward(&mut [SeqInput { cache: &mut cache, tokens: &toks, logits: LogitsWanted::Last }], &mut scratch)?;
+    model.forward_one(pool, &mut cache, &toks, LogitsWanted::Last, &mut scratch)?;
     Ok(t.elapsed().as_secs_f64())
 }
 
-fn time_decode(model: &Model, n: usize, rep: usize) -> Result<f64> {
+fn time_decode(model: &Model, pool: &Pool, n: usize, rep: usize) -> Result<f64> {
     let toks = tokens(model, n, rep);
-    let mut cache = model.new_cache(n);
-    let mut scratch = model.new_scratch();
+    let mut cache = model.new_cache(n)?;
+    let mut scratch = Scratch::new();
     let t = Instant::now();
     for tok in &toks {
-        model.forward(
-            &mut [SeqInput { cache: &mut cache, tokens: std::slice::from_ref(tok), logits: LogitsWanted::Last }],
-            &mut scratch,
-        )?;
+        model.forward_one(pool, &mut cache, std::slice::from_ref(tok), LogitsWanted::Last, &mut scratch)?;
     }
     Ok(t.elapsed().as_secs_f64())
 }

@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
-use onebit_engine::{Engine, Event, FinishReason, Flow, GenerateRequest, Session};
+use onebit_engine::{Engine, Event, FinishReason, Flow, GenerateRequest, Scheduler};
 use rustyline::DefaultEditor;
 use rustyline::error::ReadlineError;
 use serde_json::Value as Json;
 
 use super::gen_args::{AnswerPrinter, GenArgs};
-use super::model_args::ModelArgs;
+use super::model_args::{EngineArgs, ModelArgs, start_engine};
 use super::resolve::cache_dir;
 use super::ui::{Style, Ui};
 
@@ -26,13 +26,15 @@ pub struct Args {
     pub model: ModelArgs,
     #[command(flatten)]
     pub gen_args: GenArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
 }
 
 const HELP: &str = "Type a message and press Enter. End a line with \\ to continue it, or wrap lines in \"\"\".\n/reset starts a new conversation, /exit (or Ctrl-D) quits, Ctrl-C stops an answer.";
 
 pub fn run(args: Args) -> Result<u8> {
     let ui = Ui::new(args.gen_args.quiet);
-    let engine = Engine::new(args.model.load_with(&ui)?)?;
+    let (engine, scheduler) = start_engine(&args.model, &args.engine, &ui)?;
     if !engine.has_chat_template() {
         ui.note("note: this model has no chat template; using ChatML");
     }
@@ -42,7 +44,7 @@ pub fn run(args: Args) -> Result<u8> {
 
     let mut chat = Chat {
         engine: &engine,
-        session: engine.session(args.model.ctx(engine.model())),
+        scheduler: &scheduler,
         messages: args.gen_args.system_messages(),
         args: &args.gen_args,
         ui,
@@ -125,9 +127,11 @@ fn read_message(editor: &mut DefaultEditor) -> rustyline::Result<Option<String>>
     Ok(Some(text))
 }
 
+/// The conversation. Each turn sends the whole of it; the engine's prefix cache holds what
+/// earlier turns computed, so only the new turn is prefilled.
 struct Chat<'e> {
     engine: &'e Engine,
-    session: Session<'e>,
+    scheduler: &'e Scheduler,
     messages: Vec<Json>,
     args: &'e GenArgs,
     ui: Ui,
@@ -137,7 +141,6 @@ struct Chat<'e> {
 impl Chat<'_> {
     fn reset(&mut self) {
         self.messages = self.args.system_messages();
-        self.session.reset();
     }
 
     fn turn(&mut self, input: &str) -> Result<()> {
@@ -154,12 +157,14 @@ impl Chat<'_> {
         self.cancel.store(false, Ordering::Relaxed);
         let mut printer = AnswerPrinter::new(Style::for_stdout(), self.args.no_think);
         let mut out = std::io::stdout().lock();
-        let result = self.session.generate(&ids, &req, &mut |ev| {
-            if let Event::Token { text, .. } | Event::Text { text } = ev {
-                let _ = out.write_all(printer.push(text).as_bytes());
-                let _ = out.flush();
-            }
-            Flow::Continue
+        let result = self.scheduler.submit(ids, req).and_then(|h| {
+            h.wait(|ev| {
+                if let Event::Token { text, .. } | Event::Text { text } = ev {
+                    let _ = out.write_all(printer.push(text).as_bytes());
+                    let _ = out.flush();
+                }
+                Flow::Continue
+            })
         });
         let _ = writeln!(out, "{}", printer.finish());
         drop(out);

@@ -3,7 +3,7 @@
 //! fixtures of `../shared/fixtures`: position i holds the logits after tokens 0..=i.
 
 use anyhow::{Result, bail};
-use onebit_model::{LogitsWanted, SeqInput};
+use onebit_model::{LogitsWanted, Scratch};
 use serde_json::json;
 
 use super::model_args::ModelArgs;
@@ -41,25 +41,23 @@ pub fn run(mut args: Args) -> Result<()> {
     if args.tokens.is_empty() {
         bail!("no tokens given");
     }
-    let mut cache = model.new_cache(args.model.ctx(&model));
-    let mut scratch = model.new_scratch();
+    let pool = args.model.pool();
+    let mut cache = model.new_cache(args.model.ctx(&model))?;
+    let mut scratch = Scratch::new();
     let tokens = &args.tokens;
     let mut rows: Vec<Vec<f32>> = Vec::new();
     if args.decode {
         for (i, t) in tokens.iter().enumerate() {
             let want =
                 if args.all_positions || i + 1 == tokens.len() { LogitsWanted::Last } else { LogitsWanted::None };
-            let out = model.forward(
-                &mut [SeqInput { cache: &mut cache, tokens: std::slice::from_ref(t), logits: want }],
-                &mut scratch,
-            )?;
+            let out = model.forward_one(&pool, &mut cache, std::slice::from_ref(t), want, &mut scratch)?;
             if let Some(l) = out.last(0) {
                 rows.push(l.to_vec());
             }
         }
     } else {
         let want = if args.all_positions { LogitsWanted::All } else { LogitsWanted::Last };
-        let out = model.forward(&mut [SeqInput { cache: &mut cache, tokens, logits: want }], &mut scratch)?;
+        let out = model.forward_one(&pool, &mut cache, tokens, want, &mut scratch)?;
         rows = out.rows_of(0).map(|(_, l)| l.to_vec()).collect();
     }
     let first = if args.all_positions { 0 } else { tokens.len() - 1 };

@@ -1,5 +1,6 @@
 //! The subcommands of `onebit`, one module each.
 
+pub mod batched_bench;
 pub mod bench;
 pub mod chat;
 pub mod gen_args;

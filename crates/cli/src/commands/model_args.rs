@@ -1,9 +1,13 @@
-//! Options every command that runs a model shares (`-m`, `--threads`, `--kernel-tier`, ...).
+//! Options every command that runs a model shares (`-m`, `--threads`, `--kernel-tier`, ...),
+//! and those of the serving engine (`--parallel`, `--batch-size`, `--kv-size`, ...): the one
+//! place where command-line flags become typed configuration.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use onebit_kernels::{BatchRounding, KernelTier};
+use onebit_engine::{Engine, Scheduler, SchedulerConfig};
+use onebit_kernels::{BatchRounding, KernelTier, Pool};
 use onebit_model::{KvType, Model, ModelOptions};
 
 use super::resolve;
@@ -30,21 +34,22 @@ pub struct ModelArgs {
     /// How the KV cache stores keys and values: f16 (as llama.cpp), f32, or q8_0 (half the bytes).
     #[arg(long, default_value = "f16", value_name = "TYPE")]
     pub kv_type: KvType,
-    /// How prompt activations are rounded to 8 bits: fast (on AMX, Q1_0 weights take one scale
-    /// per 128 values, the weights' block, so tiles sum whole blocks) or reference (llama.cpp's
-    /// Q8_0, one scale per 32 values, everywhere). Token-by-token decoding is always reference.
+    /// How activations are rounded to 8 bits: fast (on AMX, products with Q1_0 weights take one
+    /// scale per 128 values, the weights' block, so tiles sum whole blocks) or reference
+    /// (llama.cpp's Q8_0, one scale per 32 values, everywhere). Either way a token's result
+    /// does not depend on what else is in the batch.
     #[arg(long, default_value = "fast", value_name = "MODE")]
     pub batch_rounding: BatchRounding,
 }
 
 impl ModelArgs {
     pub fn options(&self) -> ModelOptions {
-        ModelOptions {
-            threads: self.threads.unwrap_or(0),
-            kernel_tier: self.kernel_tier,
-            kv_type: self.kv_type,
-            batch_rounding: self.batch_rounding,
-        }
+        ModelOptions { kernel_tier: self.kernel_tier, kv_type: self.kv_type, batch_rounding: self.batch_rounding }
+    }
+
+    /// The process's threads for the forward pass.
+    pub fn pool(&self) -> Pool {
+        Pool::new(self.threads.filter(|&t| t > 0).unwrap_or_else(Pool::default_threads))
     }
 
     /// The model file `-m` names (downloading it first if it is a Hugging Face model).
@@ -67,4 +72,44 @@ impl ModelArgs {
     pub fn ctx(&self, model: &Model) -> usize {
         self.ctx_size.unwrap_or(DEFAULT_CTX.min(model.config().context_length))
     }
+}
+
+/// Options of the serving engine: how many sequences share a step, and its memory.
+#[derive(clap::Args, Clone, Debug)]
+pub struct EngineArgs {
+    /// Sequences decoding at once (llama.cpp's -np); further requests wait in a queue.
+    #[arg(long = "parallel", visible_alias = "np", default_value_t = 1, value_name = "N")]
+    pub parallel: usize,
+    /// Tokens per forward pass, decoding and prompt chunks together (llama.cpp's -b).
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512, value_name = "N")]
+    pub batch_size: usize,
+    /// Requests that may wait for a place beyond --parallel; past that a request is refused
+    /// as busy.
+    #[arg(long = "queue-size", default_value_t = 64, value_name = "N")]
+    pub queue_size: usize,
+    /// Positions in the KV pool that all sequences share, in tokens [default: --parallel ×
+    /// --ctx-size]. Prompts that share a prefix share its blocks.
+    #[arg(long = "kv-size", value_name = "TOKENS")]
+    pub kv_size: Option<usize>,
+}
+
+impl EngineArgs {
+    pub fn config(&self, ctx_size: usize) -> SchedulerConfig {
+        SchedulerConfig {
+            parallel: self.parallel,
+            batch_size: self.batch_size,
+            queue_size: self.queue_size,
+            ctx_size,
+            kv_size: self.kv_size.unwrap_or(0),
+        }
+    }
+}
+
+/// Load the model, its tokenizer and template, and start the engine on the process's threads.
+pub fn start_engine(model: &ModelArgs, engine: &EngineArgs, ui: &super::ui::Ui) -> Result<(Arc<Engine>, Scheduler)> {
+    let loaded = model.load_with(ui)?;
+    let ctx = model.ctx(&loaded);
+    let engine_ = Arc::new(Engine::new(loaded)?);
+    let scheduler = Scheduler::start(Arc::clone(&engine_), model.pool(), engine.config(ctx))?;
+    Ok((engine_, scheduler))
 }

@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result, bail};
-use onebit_engine::{Completion, Engine, Event, FinishReason, Flow, GenerateRequest};
+use onebit_engine::{Completion, Event, FinishReason, Flow, GenerateRequest};
 use serde_json::json;
 
 use super::gen_args::{AnswerPrinter, GenArgs};
-use super::model_args::ModelArgs;
+use super::model_args::{EngineArgs, ModelArgs, start_engine};
 use super::ui::{Style, Ui};
 
 #[derive(clap::Args)]
@@ -36,6 +36,8 @@ pub struct Args {
     pub json: bool,
     #[command(flatten)]
     pub gen_args: GenArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
 }
 
 /// Exit status after Ctrl-C (128 + SIGINT), as shells expect.
@@ -44,7 +46,7 @@ pub const INTERRUPTED: u8 = 130;
 pub fn run(args: Args) -> Result<u8> {
     let ui = Ui::new(args.gen_args.quiet || args.json);
     let prompt = read_prompt(&args)?;
-    let engine = Engine::new(args.model.load_with(&ui)?)?;
+    let (engine, scheduler) = start_engine(&args.model, &args.engine, &ui)?;
     let templated = !args.raw && engine.has_chat_template();
     let text = if templated {
         let mut messages = args.gen_args.system_messages();
@@ -65,13 +67,12 @@ pub fn run(args: Args) -> Result<u8> {
         cancel: Some(Arc::clone(&cancel)),
         ..Default::default()
     };
-    let mut session = engine.session(args.model.ctx(engine.model()));
     let mut printer = AnswerPrinter::new(Style::for_stdout(), args.gen_args.no_think);
     let mut stdout = std::io::stdout().lock();
-    let done = session.generate(&ids, &req, &mut |ev| {
+    let done = scheduler.submit(ids, req)?.wait(|ev| {
         let text = match ev {
             Event::Token { text, .. } | Event::Text { text } => text,
-            Event::Prefilled { .. } => return Flow::Continue,
+            _ => return Flow::Continue,
         };
         if !args.json {
             let shown = printer.push(text);
@@ -114,12 +115,13 @@ fn read_prompt(args: &Args) -> Result<String> {
 
 /// The line printed after an answer.
 pub fn stats(c: &Completion) -> String {
-    let reused = if c.reused_tokens > 0 { format!(" ({} cached)", c.reused_tokens) } else { String::new() };
+    let u = &c.usage;
+    let reused = if u.cached_tokens > 0 { format!(" ({} cached)", u.cached_tokens) } else { String::new() };
     format!(
         "prompt: {} tokens{reused}, {:.1} tok/s | generated: {} tokens, {:.1} tok/s{}",
-        c.prompt_tokens,
+        u.prompt_tokens,
         c.prefill_rate(),
-        c.completion_tokens,
+        u.completion_tokens,
         c.decode_rate(),
         match c.finish {
             FinishReason::Length => " (token limit)",
@@ -135,12 +137,15 @@ fn report(c: &Completion) -> serde_json::Value {
         "text": c.text,
         "ids": c.ids,
         "finish_reason": c.finish,
-        "prompt_tokens": c.prompt_tokens,
-        "completion_tokens": c.completion_tokens,
+        "prompt_tokens": c.usage.prompt_tokens,
+        "cached_tokens": c.usage.cached_tokens,
+        "completion_tokens": c.usage.completion_tokens,
         "seed": c.seed,
         "timings": {
-            "prefill_seconds": c.prefill_seconds,
-            "decode_seconds": c.decode_seconds,
+            "queue_seconds": c.timings.queue,
+            "prefill_seconds": c.timings.prefill,
+            "first_token_seconds": c.timings.first_token,
+            "decode_seconds": c.timings.decode,
             "prefill_tokens_per_second": c.prefill_rate(),
             "decode_tokens_per_second": c.decode_rate(),
         },

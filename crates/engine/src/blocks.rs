@@ -1,0 +1,378 @@
+//! Accounting of the KV pool's blocks, and the prefix cache.
+//!
+//! Every block is in exactly one state: **free**, **in use** (referenced by the block tables of
+//! one or more sequences), or **cached** (full, unreferenced, kept for reuse). A full block's
+//! content is identified by its parent's content and its own tokens (vLLM's automatic prefix
+//! caching, with exact keys rather than hashes, so that a lookup can never return the wrong
+//! block). A new sequence looks its prompt up block by block from the start and takes every
+//! block found, even while other sequences use it: cached blocks are read-only, since a
+//! sequence only writes positions past the prefix it took. When no free block is left, the
+//! least recently used cached block is evicted.
+//!
+//! Content ids ("nodes") are never reused, so a block keyed under an evicted parent can no
+//! longer be found; it ages out of the cache like any other.
+
+use std::collections::{BTreeMap, HashMap};
+
+/// A full block's content: its parent's node (0 at the start of a sequence) and its tokens.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct BlockKey {
+    parent: u64,
+    tokens: Box<[u32]>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Meta {
+    refs: u32,
+    /// Set while the block is in the prefix cache.
+    key: Option<BlockKey>,
+    node: u64,
+    /// When it was last released (its place in the eviction order while cached and unused).
+    tick: u64,
+}
+
+/// Counts of blocks by state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BlockCounts {
+    pub total: usize,
+    pub free: usize,
+    pub in_use: usize,
+    /// In the prefix cache and unreferenced (evictable).
+    pub cached_idle: usize,
+    /// In the prefix cache (in use or not).
+    pub cached: usize,
+}
+
+/// The states of the pool's blocks and the prefix cache's index.
+pub(crate) struct BlockManager {
+    block_tokens: usize,
+    meta: Vec<Meta>,
+    /// Free blocks, lowest on top: a lightly used pool stays in few pages.
+    free: Vec<u32>,
+    /// Cached blocks with no references, by `tick` (oldest first).
+    idle: BTreeMap<u64, u32>,
+    index: HashMap<BlockKey, u32>,
+    tick: u64,
+    next_node: u64,
+}
+
+impl BlockManager {
+    pub fn new(n_blocks: usize, block_tokens: usize) -> BlockManager {
+        BlockManager {
+            block_tokens,
+            meta: vec![Meta::default(); n_blocks],
+            free: (0..n_blocks as u32).rev().collect(),
+            idle: BTreeMap::new(),
+            index: HashMap::new(),
+            tick: 0,
+            next_node: 1,
+        }
+    }
+
+    /// Blocks that can be handed out now (free, or cached and evictable).
+    pub fn available(&self) -> usize {
+        self.free.len() + self.idle.len()
+    }
+
+    /// The cached blocks holding the longest prefix of `tokens` made of whole blocks, at most
+    /// `max_blocks` of them, without taking them: `(block, node)` in order.
+    pub fn find_prefix(&self, tokens: &[u32], max_blocks: usize) -> Vec<(u32, u64)> {
+        let mut found = Vec::new();
+        let mut parent = 0;
+        for chunk in tokens.chunks_exact(self.block_tokens).take(max_blocks) {
+            let key = BlockKey { parent, tokens: chunk.into() };
+            let Some(&block) = self.index.get(&key) else { break };
+            parent = self.meta[block as usize].node;
+            found.push((block, parent));
+        }
+        found
+    }
+
+    /// Take a reference to a block found in the cache.
+    pub fn acquire(&mut self, block: u32) {
+        let m = &mut self.meta[block as usize];
+        if m.refs == 0 {
+            debug_assert!(m.key.is_some(), "only cached blocks are acquired");
+            self.idle.remove(&m.tick);
+        }
+        m.refs += 1;
+    }
+
+    /// A block for new content: a free one, else the least recently used cached one.
+    pub fn allocate(&mut self) -> Option<u32> {
+        let block = match self.free.pop() {
+            Some(b) => b,
+            None => {
+                let (_, b) = self.idle.pop_first()?;
+                let key = self.meta[b as usize].key.take().expect("idle blocks are cached");
+                self.index.remove(&key);
+                b
+            }
+        };
+        let m = &mut self.meta[block as usize];
+        debug_assert_eq!(m.refs, 0);
+        *m = Meta { refs: 1, ..Meta::default() };
+        Some(block)
+    }
+
+    /// Drop a reference. An unreferenced block stays cached (evictable) if it is in the prefix
+    /// cache, and is free otherwise.
+    pub fn release(&mut self, block: u32) {
+        let m = &mut self.meta[block as usize];
+        assert!(m.refs > 0, "block {block} released more often than taken");
+        m.refs -= 1;
+        if m.refs > 0 {
+            return;
+        }
+        if m.key.is_some() {
+            self.tick += 1;
+            m.tick = self.tick;
+            self.idle.insert(self.tick, block);
+        } else {
+            self.free.push(block);
+        }
+    }
+
+    /// Put a full block of a sequence in the prefix cache: its content is `tokens` after the
+    /// content `parent`. Returns the node that names its content (an existing one if the same
+    /// content is already cached in another block; this block then stays private).
+    pub fn register(&mut self, block: u32, parent: u64, tokens: &[u32]) -> u64 {
+        debug_assert_eq!(tokens.len(), self.block_tokens);
+        let key = BlockKey { parent, tokens: tokens.into() };
+        if let Some(&existing) = self.index.get(&key) {
+            return self.meta[existing as usize].node;
+        }
+        let m = &mut self.meta[block as usize];
+        debug_assert!(m.refs > 0 && m.key.is_none(), "only a sequence's own blocks are registered");
+        m.node = self.next_node;
+        self.next_node += 1;
+        m.key = Some(key.clone());
+        self.index.insert(key, block);
+        m.node
+    }
+
+    /// Forget every cached block that nobody uses.
+    pub fn clear_cache(&mut self) {
+        while let Some((_, b)) = self.idle.pop_first() {
+            let key = self.meta[b as usize].key.take().expect("idle blocks are cached");
+            self.index.remove(&key);
+            self.free.push(b);
+        }
+    }
+
+    pub fn counts(&self) -> BlockCounts {
+        let in_use = self.meta.iter().filter(|m| m.refs > 0).count();
+        BlockCounts {
+            total: self.meta.len(),
+            free: self.free.len(),
+            in_use,
+            cached_idle: self.idle.len(),
+            cached: self.index.len(),
+        }
+    }
+
+    /// Whether a block is cached and unreferenced (taking it makes it unavailable).
+    pub fn is_idle(&self, block: u32) -> bool {
+        self.meta[block as usize].refs == 0
+    }
+
+    /// Check that every block is in exactly one state and the index agrees with the blocks;
+    /// `refs[b]` is how many block tables hold block `b`.
+    pub fn check(&self, refs: &[u32]) -> Result<(), String> {
+        let fail = |what: String| Err(what);
+        if refs.len() != self.meta.len() {
+            return fail(format!("{} reference counts for {} blocks", refs.len(), self.meta.len()));
+        }
+        let mut state = vec![0u8; self.meta.len()];
+        for &b in &self.free {
+            state[b as usize] += 1;
+            let m = &self.meta[b as usize];
+            if m.refs != 0 || m.key.is_some() {
+                return fail(format!("free block {b} is referenced or cached"));
+            }
+        }
+        for (&tick, &b) in &self.idle {
+            state[b as usize] += 1;
+            let m = &self.meta[b as usize];
+            if m.refs != 0 || m.key.is_none() || m.tick != tick {
+                return fail(format!("idle block {b} is not cached and unused"));
+            }
+        }
+        for (b, m) in self.meta.iter().enumerate() {
+            if m.refs != refs[b] {
+                return fail(format!("block {b}: {} references recorded, {} held", m.refs, refs[b]));
+            }
+            if m.refs > 0 {
+                state[b] += 1;
+            }
+            if let Some(key) = &m.key
+                && self.index.get(key) != Some(&(b as u32))
+            {
+                return fail(format!("cached block {b} is not indexed"));
+            }
+        }
+        if let Some(b) = state.iter().position(|&s| s != 1) {
+            return fail(format!("block {b} is in {} states", state[b]));
+        }
+        if self.index.len() != self.meta.iter().filter(|m| m.key.is_some()).count() {
+            return fail("the index holds blocks that are not cached".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_released_full_block_is_found_again_until_evicted() {
+        let mut bm = BlockManager::new(3, 2);
+        let (a, b) = (bm.allocate().unwrap(), bm.allocate().unwrap());
+        assert_eq!((a, b), (0, 1), "low blocks first");
+        let na = bm.register(a, 0, &[5, 6]);
+        bm.register(b, na, &[7, 8]);
+        bm.release(b);
+        bm.release(a);
+        assert_eq!(bm.find_prefix(&[5, 6, 7, 8, 9], 9), vec![(a, na), (b, na + 1)]);
+        assert_eq!(bm.find_prefix(&[5, 6, 7, 8], 1).len(), 1, "at most max_blocks");
+        assert!(bm.find_prefix(&[5, 7], 9).is_empty());
+        // Two new blocks: the free one, then the least recently released cached one (b, the
+        // leaf, was released first).
+        assert_eq!(bm.allocate(), Some(2));
+        assert_eq!(bm.allocate(), Some(b));
+        assert_eq!(bm.find_prefix(&[5, 6, 7, 8], 9).len(), 1);
+        bm.check(&[0, 1, 1]).unwrap();
+    }
+
+    #[test]
+    fn shared_blocks_are_counted_and_never_evicted_while_used() {
+        let mut bm = BlockManager::new(2, 1);
+        let a = bm.allocate().unwrap();
+        let n = bm.register(a, 0, &[1]);
+        bm.acquire(a);
+        assert_eq!(bm.find_prefix(&[1], 9), vec![(a, n)]);
+        bm.release(a);
+        assert!(bm.allocate().is_some());
+        assert!(bm.allocate().is_none(), "the used cached block is not evicted");
+        bm.check(&[1, 1]).unwrap();
+    }
+
+    /// A sequence as the engine loop drives one: tokens, how many are computed, its table.
+    struct Seq {
+        tokens: Vec<u32>,
+        computed: usize,
+        blocks: Vec<u32>,
+        registered: usize,
+        chain: u64,
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// A new sequence whose prompt is `len` tokens drawn from a few shared prefixes.
+        Start {
+            prefix: u8,
+            len: usize,
+        },
+        /// Compute `n` more tokens of sequence `i` (mod the number alive).
+        Grow {
+            i: usize,
+            n: usize,
+        },
+        Finish {
+            i: usize,
+        },
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0u8..3, 1usize..40).prop_map(|(prefix, len)| Op::Start { prefix, len }),
+            (0usize..64, 1usize..9).prop_map(|(i, n)| Op::Grow { i, n }),
+            (0usize..64).prop_map(|i| Op::Finish { i }),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config { cases: 64, ..Default::default() })]
+        /// Random traffic on a small pool: every block stays in exactly one state, and when
+        /// every sequence is gone none is in use.
+        #[test]
+        fn the_accounting_holds_under_random_traffic(ops in proptest::collection::vec(op(), 1..400)) {
+            const B: usize = 4;
+            let mut bm = BlockManager::new(24, B);
+            let mut seqs: Vec<Seq> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Start { prefix, len } => {
+                        let tokens: Vec<u32> = (0..len as u32).map(|t| if t < 9 { prefix as u32 * 100 + t } else { t }).collect();
+                        let found = bm.find_prefix(&tokens, (len - 1) / B);
+                        let idle = found.iter().filter(|f| bm.is_idle(f.0)).count();
+                        if bm.available() < idle + len.div_ceil(B) - found.len() {
+                            continue;
+                        }
+                        found.iter().for_each(|f| bm.acquire(f.0));
+                        seqs.push(Seq {
+                            computed: found.len() * B,
+                            blocks: found.iter().map(|f| f.0).collect(),
+                            registered: found.len(),
+                            chain: found.last().map_or(0, |f| f.1),
+                            tokens,
+                        });
+                    }
+                    Op::Grow { i, n } if !seqs.is_empty() => {
+                        let k = i % seqs.len();
+                        let s = &mut seqs[k];
+                        while s.tokens.len() < s.computed + n {
+                            s.tokens.push(7);
+                        }
+                        while s.blocks.len() * B < s.computed + n {
+                            match bm.allocate() {
+                                Some(b) => s.blocks.push(b),
+                                None => break,
+                            }
+                        }
+                        s.computed = (s.computed + n).min(s.blocks.len() * B);
+                        while (s.registered + 1) * B <= s.computed {
+                            let r = s.registered;
+                            s.chain = bm.register(s.blocks[r], s.chain, &s.tokens[r * B..(r + 1) * B]);
+                            s.registered += 1;
+                        }
+                    }
+                    Op::Finish { i } if !seqs.is_empty() => {
+                        let k = i % seqs.len();
+                        let mut s = seqs.swap_remove(k);
+                        while let Some(b) = s.blocks.pop() {
+                            bm.release(b);
+                        }
+                    }
+                    _ => {}
+                }
+                let mut refs = vec![0u32; 24];
+                seqs.iter().flat_map(|s| &s.blocks).for_each(|&b| refs[b as usize] += 1);
+                bm.check(&refs).map_err(proptest::test_runner::TestCaseError::fail)?;
+            }
+            for mut s in seqs.drain(..) {
+                while let Some(b) = s.blocks.pop() {
+                    bm.release(b);
+                }
+            }
+            bm.check(&[0; 24]).map_err(proptest::test_runner::TestCaseError::fail)?;
+            proptest::prop_assert_eq!(bm.counts().in_use, 0);
+        }
+    }
+
+    #[test]
+    fn the_same_content_twice_keeps_one_cached_copy() {
+        let mut bm = BlockManager::new(2, 1);
+        let (a, b) = (bm.allocate().unwrap(), bm.allocate().unwrap());
+        let na = bm.register(a, 0, &[3]);
+        assert_eq!(bm.register(b, 0, &[3]), na);
+        bm.release(b);
+        assert_eq!(bm.counts().free, 1, "the duplicate is not cached");
+        bm.release(a);
+        bm.check(&[0, 0]).unwrap();
+        bm.clear_cache();
+        assert_eq!(bm.counts(), BlockCounts { total: 2, free: 2, ..BlockCounts::default() });
+    }
+}

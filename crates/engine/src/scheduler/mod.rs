@@ -1,0 +1,243 @@
+//! The serving engine: continuous batching over a paged KV cache with a shared prefix cache.
+//!
+//! One thread (the engine loop, in [`worker`]) owns the model's threads, the KV pool and every
+//! sequence, and runs steps. A step is one forward pass over one new token of every decoding
+//! sequence plus chunks of prompts being prefilled, up to `batch_size` tokens, so a long prompt
+//! never stalls the streams already decoding. At most `parallel` sequences run at once; further
+//! requests wait in a FIFO queue of at most `queue_size`, and past it submission fails at once
+//! with [`EngineError::Busy`]. Each request carries its own sampling parameters and hears about
+//! its progress through its own channel ([`RequestHandle`]).
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use onebit_engine::{Engine, GenerateRequest, SamplingParams, Scheduler, SchedulerConfig};
+//! use onebit_kernels::Pool;
+//! use onebit_model::{Model, ModelOptions};
+//!
+//! let engine = Arc::new(Engine::new(Model::load("model.gguf", &ModelOptions::default())?)?);
+//! let scheduler = Scheduler::start(Arc::clone(&engine), Pool::new(2), SchedulerConfig::default())?;
+//! let ids = engine.tokenize("The capital of France is", false)?;
+//! let req = GenerateRequest { sampling: SamplingParams::greedy(), max_tokens: Some(16), ..Default::default() };
+//! let done = scheduler.submit(ids, req)?.wait(|_| onebit_engine::Flow::Continue)?;
+//! println!("{}", done.text);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod sequence;
+mod worker;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Sender};
+use std::thread::JoinHandle;
+
+use onebit_kernels::Pool;
+use onebit_model::{BLOCK_TOKENS, KvPool, human_bytes};
+
+pub use crate::blocks::BlockCounts;
+use crate::request::{GenerateRequest, RequestHandle};
+use crate::{Engine, EngineError};
+use sequence::Sequence;
+
+/// How the engine serves requests. Every field is a command-line option of the same name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Sequences in the batch at once (`--parallel`, llama.cpp's `-np`).
+    pub parallel: usize,
+    /// Tokens per step, decoding and prefilling together (`--batch-size`, llama.cpp's `-b`).
+    pub batch_size: usize,
+    /// Requests that may wait for a place beyond `parallel` (`--queue-size`).
+    pub queue_size: usize,
+    /// Positions of one sequence, prompt and answer (`--ctx-size`).
+    pub ctx_size: usize,
+    /// Positions in the KV pool all sequences share (`--kv-size`; 0: `parallel × ctx_size`).
+    pub kv_size: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig { parallel: 1, batch_size: 512, queue_size: 64, ctx_size: 4096, kv_size: 0 }
+    }
+}
+
+/// What the engine loop holds at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedulerStats {
+    pub running: usize,
+    pub waiting: usize,
+    pub blocks: BlockCounts,
+    /// Forward passes run so far.
+    pub steps: u64,
+    /// Tokens computed so far (prompt chunks and decoded tokens).
+    pub tokens_computed: u64,
+    /// Sequences put back in the queue to free memory (their work is recomputed).
+    pub preemptions: u64,
+}
+
+pub(crate) enum Command {
+    Submit(Box<Sequence>),
+    Stats(Sender<SchedulerStats>),
+    CheckBlocks(Sender<Result<(), String>>),
+    ClearCache,
+    Shutdown,
+}
+
+/// State shared by the handle and the engine loop.
+pub(crate) struct Shared {
+    /// Requests submitted and not yet finished (waiting or running).
+    pub in_flight: AtomicUsize,
+    next_id: AtomicU64,
+}
+
+/// The handle to a running engine loop. Dropping it stops the loop (requests still in flight
+/// end with [`EngineError::ShutDown`]).
+pub struct Scheduler {
+    tx: Sender<Command>,
+    shared: Arc<Shared>,
+    config: SchedulerConfig,
+    vocab: usize,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Scheduler({:?})", self.config)
+    }
+}
+
+impl Scheduler {
+    /// Check `config` against the model and the machine, reserve the KV pool, and start the
+    /// engine loop on `pool`'s threads.
+    pub fn start(engine: Arc<Engine>, pool: Pool, config: SchedulerConfig) -> Result<Scheduler, EngineError> {
+        let config = resolve(&engine, config)?;
+        let model = engine.model();
+        let kv = model.new_pool(config.kv_size / BLOCK_TOKENS)?;
+        let shared = Arc::new(Shared { in_flight: AtomicUsize::new(0), next_id: AtomicU64::new(1) });
+        let (tx, rx) = mpsc::channel();
+        let vocab = model.config().vocab_size;
+        let worker = worker::Worker::new(engine, pool, kv, config, rx, Arc::clone(&shared));
+        let worker = std::thread::Builder::new()
+            .name("onebit-engine".into())
+            .spawn(move || worker.run())
+            .map_err(|e| EngineError::Config(format!("starting the engine thread: {e}")))?;
+        Ok(Scheduler { tx, shared, config, vocab, worker: Some(worker) })
+    }
+
+    /// The configuration in effect (with `kv_size` filled in).
+    pub fn config(&self) -> SchedulerConfig {
+        self.config
+    }
+
+    /// Queue a request: generate after `prompt` (token ids) as `req` says. Fails at once if the
+    /// prompt does not fit the context, or if `parallel + queue_size` requests are in flight.
+    pub fn submit(&self, prompt: Vec<u32>, req: GenerateRequest) -> Result<RequestHandle, EngineError> {
+        if prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if prompt.len() >= self.config.ctx_size {
+            return Err(EngineError::PromptTooLong { tokens: prompt.len(), ctx: self.config.ctx_size });
+        }
+        if let Some(&id) = prompt.iter().find(|&&id| id as usize >= self.vocab) {
+            return Err(EngineError::BadRequest(format!(
+                "token id {id} is outside the vocabulary (0..{})",
+                self.vocab
+            )));
+        }
+        let limit = self.config.parallel + self.config.queue_size;
+        if self.shared.in_flight.fetch_add(1, Ordering::AcqRel) >= limit {
+            self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Err(EngineError::Busy { in_flight: limit });
+        }
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let (events_tx, events) = mpsc::channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let seq = Sequence::new(id, prompt, req, events_tx, Arc::clone(&cancel));
+        if self.tx.send(Command::Submit(Box::new(seq))).is_err() {
+            self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Err(EngineError::ShutDown);
+        }
+        Ok(RequestHandle { id, events, cancel })
+    }
+
+    /// Requests submitted and not yet finished.
+    pub fn in_flight(&self) -> usize {
+        self.shared.in_flight.load(Ordering::Acquire)
+    }
+
+    /// What the engine loop holds, after its current step.
+    pub fn stats(&self) -> Result<SchedulerStats, EngineError> {
+        let (tx, rx) = mpsc::channel();
+        self.tx.send(Command::Stats(tx)).map_err(|_| EngineError::ShutDown)?;
+        rx.recv().map_err(|_| EngineError::ShutDown)
+    }
+
+    /// Verify the block accounting: every block free, in use by exactly the block tables that
+    /// hold it, or cached; the prefix cache's index agreeing with the blocks.
+    pub fn check_blocks(&self) -> Result<(), EngineError> {
+        let (tx, rx) = mpsc::channel();
+        self.tx.send(Command::CheckBlocks(tx)).map_err(|_| EngineError::ShutDown)?;
+        rx.recv().map_err(|_| EngineError::ShutDown)?.map_err(EngineError::Internal)
+    }
+
+    /// Empty the prefix cache (blocks in use stay).
+    pub fn clear_cache(&self) -> Result<(), EngineError> {
+        self.tx.send(Command::ClearCache).map_err(|_| EngineError::ShutDown)
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Command::Shutdown);
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+/// `config` checked against the model and the machine, with the pool size filled in.
+fn resolve(engine: &Engine, mut c: SchedulerConfig) -> Result<SchedulerConfig, EngineError> {
+    let bad = |m: String| Err(EngineError::Config(m));
+    if c.parallel == 0 || c.batch_size == 0 {
+        return bad("--parallel and --batch-size must be at least 1".into());
+    }
+    let model = engine.model().config();
+    if c.ctx_size < 2 {
+        return bad(format!("a context of {} tokens cannot hold a prompt and an answer", c.ctx_size));
+    }
+    if c.ctx_size > model.context_length {
+        return Err(EngineError::ContextTooLarge { ctx: c.ctx_size, trained: model.context_length });
+    }
+    if c.kv_size == 0 {
+        c.kv_size = c.parallel.checked_mul(c.ctx_size).unwrap_or(usize::MAX);
+    }
+    if c.kv_size < c.ctx_size {
+        return bad(format!(
+            "the KV pool of {} tokens cannot hold one full context of {}: raise --kv-size or lower --ctx-size",
+            c.kv_size, c.ctx_size
+        ));
+    }
+    c.kv_size = c.kv_size.div_ceil(BLOCK_TOKENS).saturating_mul(BLOCK_TOKENS);
+    let bytes = (c.kv_size / BLOCK_TOKENS) as u128 * KvPool::block_bytes(model, engine.model().kv_type()) as u128;
+    if let Some(avail) = available_memory()
+        && bytes > avail as u128
+    {
+        return bad(format!(
+            "a KV cache of {} tokens ({} sequences × {}) needs {}, more than the {} of memory available: \
+             lower --parallel, --ctx-size or --kv-size, or use --kv-type q8_0",
+            c.kv_size,
+            c.parallel,
+            c.ctx_size,
+            human_bytes(bytes.min(u64::MAX as u128) as u64),
+            human_bytes(avail)
+        ));
+    }
+    Ok(c)
+}
+
+/// Memory the OS could give us now (Linux: `MemAvailable`), if known.
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

@@ -1,0 +1,195 @@
+//! One request's sequence as the scheduler holds it: its tokens and how many of them are in the
+//! cache, its block table, its sampler, stop strings and text decoder, and its event stream.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::time::Instant;
+
+use onebit_tokenizer::{StreamDecoder, Tokenizer};
+
+use crate::request::{Completion, Event, FinishReason, GenerateRequest, Timings, Usage};
+use crate::sampling::{Sampler, TokenLogprobs};
+use crate::stop::StopMatcher;
+
+pub(crate) struct Sequence {
+    pub id: u64,
+    /// The prompt, then every token sampled so far (the last one not yet computed).
+    pub tokens: Vec<u32>,
+    pub n_prompt: usize,
+    /// Leading tokens whose keys and values are in the blocks.
+    pub n_computed: usize,
+    /// The block table: block `i` holds positions `i · block_tokens ..`.
+    pub blocks: Vec<u32>,
+    /// Leading blocks that are in the prefix cache, and the content node of the last of them.
+    pub n_registered: usize,
+    pub chain: u64,
+    /// Prompt tokens found in the prefix cache when the sequence first got its place.
+    pub cached: usize,
+    sampler: Sampler,
+    stops: StopMatcher,
+    decoder: StreamDecoder,
+    max_tokens: Option<usize>,
+    ignore_eos: bool,
+    pub logprobs: Option<usize>,
+    ids: Vec<u32>,
+    text: String,
+    events: Sender<Event>,
+    cancel: Arc<AtomicBool>,
+    user_cancel: Option<Arc<AtomicBool>>,
+    submitted: Instant,
+    admitted: Option<Instant>,
+    prefilled: Option<Instant>,
+    first_token: Option<Instant>,
+}
+
+/// What became of a sequence after its token of a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum After {
+    Continue,
+    Finish(FinishReason),
+}
+
+impl Sequence {
+    pub fn new(
+        id: u64,
+        prompt: Vec<u32>,
+        req: GenerateRequest,
+        events: Sender<Event>,
+        cancel: Arc<AtomicBool>,
+    ) -> Sequence {
+        let mut sampler = Sampler::new(req.sampling);
+        prompt.iter().for_each(|&id| sampler.accept(id));
+        Sequence {
+            id,
+            n_prompt: prompt.len(),
+            tokens: prompt,
+            n_computed: 0,
+            blocks: Vec::new(),
+            n_registered: 0,
+            chain: 0,
+            cached: 0,
+            sampler,
+            stops: StopMatcher::new(&req.stop),
+            decoder: StreamDecoder::new(),
+            max_tokens: req.max_tokens,
+            ignore_eos: req.ignore_eos,
+            logprobs: req.logprobs,
+            ids: Vec::new(),
+            text: String::new(),
+            events,
+            cancel,
+            user_cancel: req.cancel,
+            submitted: Instant::now(),
+            admitted: None,
+            prefilled: None,
+            first_token: None,
+        }
+    }
+
+    /// Tokens still to compute (1 for a decoding sequence).
+    pub fn remaining(&self) -> usize {
+        self.tokens.len() - self.n_computed
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed) || self.user_cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed))
+    }
+
+    pub fn sampler_mut(&mut self) -> &mut Sampler {
+        &mut self.sampler
+    }
+
+    /// Got a place in the batch, with `cached` leading tokens found in the prefix cache.
+    pub fn admitted(&mut self, cached: usize) {
+        if self.admitted.is_none() {
+            self.admitted = Some(Instant::now());
+            self.cached = cached.min(self.n_prompt);
+        }
+    }
+
+    /// The prompt has just been computed: tell the caller, once.
+    pub fn note_prefilled(&mut self) {
+        if self.prefilled.is_none() && self.n_computed >= self.n_prompt {
+            self.prefilled = Some(Instant::now());
+            self.send(Event::Prefilled { prompt_tokens: self.n_prompt, cached: self.cached });
+        }
+    }
+
+    /// Whether the token limit allows another token.
+    pub fn wants_more(&self) -> bool {
+        !self.max_tokens.is_some_and(|n| self.ids.len() >= n)
+    }
+
+    /// Take the token sampled for this sequence: emit it, and say whether it goes on.
+    pub fn push_token(&mut self, tok: &Tokenizer, id: u32, logprobs: Option<TokenLogprobs>, ctx: usize) -> After {
+        self.first_token.get_or_insert_with(Instant::now);
+        if !self.ignore_eos && tok.is_eog(id) {
+            return After::Finish(FinishReason::Stop);
+        }
+        self.sampler.accept(id);
+        self.ids.push(id);
+        self.tokens.push(id);
+        let step = self.stops.push(&tok.decode_next(&mut self.decoder, id, false));
+        self.text.push_str(&step.emit);
+        self.send(Event::Token { id, text: step.emit, logprobs });
+        if step.stopped {
+            // What was held back belongs to the stop string: nothing is released at the end.
+            self.stops = StopMatcher::new(&[]);
+            self.decoder = StreamDecoder::new();
+            return After::Finish(FinishReason::Stop);
+        }
+        if !self.wants_more() {
+            return After::Finish(FinishReason::Length);
+        }
+        if self.tokens.len() > ctx {
+            return After::Finish(FinishReason::Context);
+        }
+        After::Continue
+    }
+
+    /// Release held-back text and send the completion.
+    pub fn finish(&mut self, finish: FinishReason) {
+        let mut tail = self.stops.push(&self.decoder.finish()).emit;
+        tail.push_str(&self.stops.finish());
+        if !tail.is_empty() {
+            self.text.push_str(&tail);
+            self.send(Event::Text { text: tail });
+        }
+        let now = Instant::now();
+        let admitted = self.admitted.unwrap_or(now);
+        let prefilled = self.prefilled.unwrap_or(now);
+        let completion_tokens = self.ids.len();
+        let completion = Completion {
+            text: std::mem::take(&mut self.text),
+            ids: std::mem::take(&mut self.ids),
+            finish,
+            usage: Usage { prompt_tokens: self.n_prompt, cached_tokens: self.cached, completion_tokens },
+            timings: Timings {
+                queue: secs(self.submitted, admitted),
+                prefill: secs(admitted, prefilled),
+                first_token: secs(self.submitted, self.first_token.unwrap_or(now)),
+                decode: secs(prefilled, now),
+            },
+            seed: self.sampler.seed(),
+        };
+        tracing::debug!(id = self.id, ?finish, usage = ?completion.usage, "request done");
+        self.send(Event::Done(Ok(completion)));
+    }
+
+    /// End with an error instead.
+    pub fn fail(&mut self, error: crate::EngineError) {
+        self.send(Event::Done(Err(error)));
+    }
+
+    /// Send an event; a caller that went away cancels the sequence.
+    fn send(&self, ev: Event) {
+        if self.events.send(ev).is_err() {
+            self.cancel.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+fn secs(from: Instant, to: Instant) -> f64 {
+    to.saturating_duration_since(from).as_secs_f64()
+}

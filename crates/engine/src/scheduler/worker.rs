@@ -1,0 +1,387 @@
+//! The engine loop: take requests, give them places in the batch, plan each step within the
+//! token budget and the KV pool, run it, sample every sequence that got logits, and stream.
+//!
+//! Memory: a request gets a place only when the pool can hold its whole prompt (beyond what
+//! the prefix cache already holds) plus a block of headroom per running sequence. If a step
+//! still cannot get the blocks it needs, the newest sequence goes back to the front of the
+//! queue with its blocks released (they stay in the prefix cache while nobody needs them, so
+//! taking it up again usually recomputes little).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, TryRecvError};
+
+use onebit_kernels::{PerThread, Pool};
+use onebit_model::{BLOCK_TOKENS, KvPool, LogitsWanted, Scratch, SeqInput};
+
+use super::sequence::{After, Sequence};
+use super::{Command, SchedulerConfig, SchedulerStats, Shared};
+use crate::blocks::BlockManager;
+use crate::request::FinishReason;
+use crate::sampling::{self, Candidate, TokenLogprobs};
+use crate::{Engine, EngineError};
+
+/// (index in `running`, tokens to compute this step), in `running` order.
+type Plan = Vec<(usize, usize)>;
+
+pub(super) struct Worker {
+    engine: Arc<Engine>,
+    pool: Pool,
+    kv: KvPool,
+    blocks: BlockManager,
+    scratch: Scratch,
+    /// Per pool thread: the sampler's vocabulary-sized work space.
+    candidates: PerThread<Vec<Candidate>>,
+    config: SchedulerConfig,
+    rx: Receiver<Command>,
+    shared: Arc<Shared>,
+    waiting: VecDeque<Box<Sequence>>,
+    /// In the order they got their places.
+    running: Vec<Box<Sequence>>,
+    stats: SchedulerStats,
+}
+
+/// One sequence's draw from its logits, made on a pool thread.
+struct Draw<'a> {
+    seq: usize,
+    sequence: &'a mut Sequence,
+    logits: &'a [f32],
+    out: Option<(u32, Option<TokenLogprobs>)>,
+}
+
+impl Worker {
+    pub fn new(
+        engine: Arc<Engine>,
+        pool: Pool,
+        kv: KvPool,
+        config: SchedulerConfig,
+        rx: Receiver<Command>,
+        shared: Arc<Shared>,
+    ) -> Worker {
+        let blocks = BlockManager::new(kv.n_blocks(), BLOCK_TOKENS);
+        let candidates = PerThread::new(pool.n_threads(), Vec::new);
+        Worker {
+            engine,
+            pool,
+            kv,
+            blocks,
+            scratch: Scratch::new(),
+            candidates,
+            config,
+            rx,
+            shared,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            stats: SchedulerStats::default(),
+        }
+    }
+
+    pub fn run(mut self) {
+        while self.receive() {
+            self.reap_cancelled();
+            self.admit();
+            let plan = self.plan();
+            if plan.is_empty() {
+                continue;
+            }
+            if let Err(e) = self.step(&plan) {
+                self.fail_running(&e);
+            }
+        }
+        self.shut_down();
+    }
+
+    /// Handle every command that has arrived, waiting for one when there is nothing to do.
+    /// Returns false when the loop must stop.
+    fn receive(&mut self) -> bool {
+        if self.running.is_empty() && self.waiting.is_empty() {
+            match self.rx.recv() {
+                Ok(cmd) => {
+                    if !self.handle(cmd) {
+                        return false;
+                    }
+                }
+                Err(_) => return false,
+            }
+        }
+        loop {
+            match self.rx.try_recv() {
+                Ok(cmd) => {
+                    if !self.handle(cmd) {
+                        return false;
+                    }
+                }
+                Err(TryRecvError::Empty) => return true,
+                Err(TryRecvError::Disconnected) => return false,
+            }
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Submit(seq) => self.waiting.push_back(seq),
+            Command::Stats(reply) => {
+                let _ = reply.send(SchedulerStats {
+                    running: self.running.len(),
+                    waiting: self.waiting.len(),
+                    blocks: self.blocks.counts(),
+                    ..self.stats
+                });
+            }
+            Command::CheckBlocks(reply) => {
+                let mut refs = vec![0u32; self.kv.n_blocks()];
+                for s in &self.running {
+                    s.blocks.iter().for_each(|&b| refs[b as usize] += 1);
+                }
+                let held = self.waiting.iter().any(|s| !s.blocks.is_empty());
+                let result =
+                    if held { Err("a waiting sequence holds blocks".into()) } else { self.blocks.check(&refs) };
+                let _ = reply.send(result);
+            }
+            Command::ClearCache => self.blocks.clear_cache(),
+            Command::Shutdown => return false,
+        }
+        true
+    }
+
+    /// Sequences whose caller cancelled or went away leave now.
+    fn reap_cancelled(&mut self) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].is_cancelled() {
+                let mut seq = self.running.remove(i);
+                self.finish(&mut seq, FinishReason::Cancelled);
+            } else {
+                i += 1;
+            }
+        }
+        let mut kept = VecDeque::with_capacity(self.waiting.len());
+        while let Some(mut seq) = self.waiting.pop_front() {
+            if seq.is_cancelled() {
+                self.finish(&mut seq, FinishReason::Cancelled);
+            } else {
+                kept.push_back(seq);
+            }
+        }
+        self.waiting = kept;
+    }
+
+    /// Give waiting requests places, in order, while there are places and memory.
+    fn admit(&mut self) {
+        let b = BLOCK_TOKENS;
+        while self.running.len() < self.config.parallel {
+            let Some(seq) = self.waiting.front() else { return };
+            if self.held_back(seq) {
+                return;
+            }
+            let total = seq.tokens.len();
+            // The block holding the last token is always computed (it needs logits), so a
+            // sequence never writes into a block it shares.
+            let found = self.blocks.find_prefix(&seq.tokens, (total - 1) / b);
+            let idle = found.iter().filter(|&&(block, _)| self.blocks.is_idle(block)).count();
+            let need = total.div_ceil(b) - found.len();
+            if self.blocks.available() < idle + need + self.running.len() {
+                return;
+            }
+            let mut seq = self.waiting.pop_front().expect("a front");
+            found.iter().for_each(|&(block, _)| self.blocks.acquire(block));
+            seq.blocks = found.iter().map(|&(block, _)| block).collect();
+            seq.n_registered = found.len();
+            seq.chain = found.last().map_or(0, |&(_, node)| node);
+            seq.n_computed = found.len() * b;
+            let cached = seq.n_computed;
+            seq.admitted(cached);
+            self.running.push(seq);
+        }
+    }
+
+    /// Whether `seq` should wait for a running prompt that starts like it to be computed
+    /// first, so that it can take that prefix from the cache instead of computing it again.
+    fn held_back(&self, seq: &Sequence) -> bool {
+        let b = BLOCK_TOKENS;
+        self.running.iter().any(|r| {
+            if r.n_computed >= r.n_prompt {
+                return false;
+            }
+            let common = r.tokens[..r.n_prompt].iter().zip(&seq.tokens).take_while(|(x, y)| x == y).count();
+            let useful = common.min(seq.tokens.len() - 1) / b * b;
+            useful >= b && r.n_computed < useful
+        })
+    }
+
+    /// The step's tokens: one for every decoding sequence, then prompt chunks in order up to
+    /// the budget; with the blocks they need allocated (preempting the newest sequences when
+    /// the pool is short).
+    fn plan(&mut self) -> Plan {
+        loop {
+            let plan = self.budget();
+            let need: usize = plan
+                .iter()
+                .map(|&(i, n)| {
+                    let s = &self.running[i];
+                    (s.n_computed + n).div_ceil(BLOCK_TOKENS).saturating_sub(s.blocks.len())
+                })
+                .sum();
+            if need <= self.blocks.available() {
+                for &(i, n) in &plan {
+                    let s = &mut self.running[i];
+                    while s.blocks.len() * BLOCK_TOKENS < s.n_computed + n {
+                        s.blocks.push(self.blocks.allocate().expect("counted as available"));
+                    }
+                }
+                return plan;
+            }
+            let Some(mut victim) = self.running.pop() else { return Vec::new() };
+            self.release_blocks(&mut victim);
+            victim.n_computed = 0;
+            victim.n_registered = 0;
+            victim.chain = 0;
+            self.waiting.push_front(victim);
+            self.stats.preemptions += 1;
+        }
+    }
+
+    fn budget(&self) -> Plan {
+        let batch = self.config.batch_size;
+        let decoding = self.running.iter().filter(|s| s.remaining() == 1).count();
+        // Prompts always get some of the step, however many sequences decode.
+        let mut budget = batch.saturating_sub(decoding).max(batch.div_ceil(4));
+        let mut plan = Vec::with_capacity(self.running.len());
+        for (i, s) in self.running.iter().enumerate() {
+            match s.remaining() {
+                0 => {}
+                1 => plan.push((i, 1)),
+                r => {
+                    let take = r.min(budget);
+                    if take > 0 {
+                        budget -= take;
+                        plan.push((i, take));
+                    }
+                }
+            }
+        }
+        plan
+    }
+
+    /// Run one forward pass for `plan`, then sample and stream.
+    fn step(&mut self, plan: &[(usize, usize)]) -> Result<(), EngineError> {
+        let Worker { engine, pool, kv, blocks, scratch, candidates, running, stats, .. } = self;
+        let inputs: Vec<SeqInput> = plan
+            .iter()
+            .map(|&(i, n)| {
+                let s = &running[i];
+                let end = s.n_computed + n;
+                SeqInput {
+                    tokens: &s.tokens[s.n_computed..end],
+                    start: s.n_computed,
+                    blocks: &s.blocks,
+                    logits: if end == s.tokens.len() { LogitsWanted::Last } else { LogitsWanted::None },
+                }
+            })
+            .collect();
+        let logits = engine.model().forward(pool, kv, &inputs, scratch)?;
+        drop(inputs);
+        stats.steps += 1;
+        for &(i, n) in plan {
+            let s = &mut running[i];
+            s.n_computed += n;
+            stats.tokens_computed += n as u64;
+            register_full_blocks(blocks, s);
+            s.note_prefilled();
+        }
+
+        // Every sequence that got logits draws its next token; the draws run on the pool.
+        let mut draws = Vec::new();
+        let mut length_done = Vec::new();
+        let mut p = 0;
+        for (i, s) in running.iter_mut().enumerate() {
+            while p < plan.len() && plan[p].0 < i {
+                p += 1;
+            }
+            let Some(row) = plan.get(p).filter(|e| e.0 == i).and_then(|_| logits.last(p)) else { continue };
+            if s.wants_more() {
+                draws.push(Draw { seq: i, sequence: s, logits: row, out: None });
+            } else {
+                length_done.push(i);
+            }
+        }
+        pool.for_each_mut(&mut draws, &|tid, d| {
+            // SAFETY: `tid` is this thread's own index in the running job.
+            let c = unsafe { candidates.get(tid) };
+            d.out = Some(d.sequence.draw(d.logits, c));
+        });
+        let drawn: Vec<(usize, u32, Option<TokenLogprobs>)> = draws
+            .into_iter()
+            .map(|d| (d.seq, d.out.expect("every draw ran")))
+            .map(|(i, (id, lp))| (i, id, lp))
+            .collect();
+
+        let tok = engine.tokenizer();
+        let mut finished: Vec<(usize, FinishReason)> =
+            length_done.into_iter().map(|i| (i, FinishReason::Length)).collect();
+        for (i, id, lp) in drawn {
+            if let After::Finish(reason) = running[i].push_token(tok, id, lp, self.config.ctx_size) {
+                finished.push((i, reason));
+            }
+        }
+        finished.sort_by_key(|&(i, _)| std::cmp::Reverse(i));
+        for (i, reason) in finished {
+            let mut seq = self.running.remove(i);
+            self.finish(&mut seq, reason);
+        }
+        Ok(())
+    }
+
+    /// End a sequence: its blocks back to the pool, its completion to the caller (last, so
+    /// that a caller who hears of it can submit again at once).
+    fn finish(&mut self, seq: &mut Sequence, reason: FinishReason) {
+        self.release_blocks(seq);
+        self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+        seq.finish(reason);
+    }
+
+    /// Release a sequence's blocks, last first: when they are equally old in the prefix
+    /// cache, the deeper ones are evicted first.
+    fn release_blocks(&mut self, seq: &mut Sequence) {
+        while let Some(b) = seq.blocks.pop() {
+            self.blocks.release(b);
+        }
+    }
+
+    fn fail_running(&mut self, e: &EngineError) {
+        for mut seq in std::mem::take(&mut self.running) {
+            self.release_blocks(&mut seq);
+            self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+            seq.fail(EngineError::Internal(e.to_string()));
+        }
+    }
+
+    fn shut_down(&mut self) {
+        let all: Vec<Box<Sequence>> = self.running.drain(..).chain(self.waiting.drain(..)).collect();
+        for mut seq in all {
+            self.release_blocks(&mut seq);
+            self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+            seq.fail(EngineError::ShutDown);
+        }
+    }
+}
+
+/// Put every block of `s` that is now full of computed tokens into the prefix cache.
+fn register_full_blocks(blocks: &mut BlockManager, s: &mut Sequence) {
+    let b = BLOCK_TOKENS;
+    while (s.n_registered + 1) * b <= s.n_computed {
+        let i = s.n_registered;
+        s.chain = blocks.register(s.blocks[i], s.chain, &s.tokens[i * b..(i + 1) * b]);
+        s.n_registered += 1;
+    }
+}
+
+impl Sequence {
+    /// The next token from `logits`, and its log-probabilities if the request asked.
+    fn draw(&mut self, logits: &[f32], candidates: &mut Vec<Candidate>) -> (u32, Option<TokenLogprobs>) {
+        let n = self.logprobs;
+        let id = self.sampler_mut().sample_with(logits, candidates);
+        (id, n.map(|n| sampling::logprobs(logits, id, n)))
+    }
+}
