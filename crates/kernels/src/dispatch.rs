@@ -81,7 +81,7 @@ impl std::fmt::Display for BatchRounding {
 
 impl std::fmt::Debug for Kernels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Kernels({})", self.tier)
+        write!(f, "Kernels({}, {} batch rounding)", self.tier, self.batch_rounding)
     }
 }
 

@@ -33,7 +33,7 @@ pub struct Args {
     /// KV cache type: f16, f32 or q8_0.
     #[arg(long, default_value = "f16", value_name = "TYPE")]
     pub kv_type: KvType,
-    /// Prompt activation rounding: fast or reference (see `onebit run --help`).
+    /// Activation rounding: fast or reference (see `onebit run --help`).
     #[arg(long, default_value = "fast", value_name = "MODE")]
     pub batch_rounding: BatchRounding,
     /// Print the rows as a JSON array.

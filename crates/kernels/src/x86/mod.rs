@@ -5,11 +5,10 @@
 //! Shared here: the planar layout of 8-bit activations that the SIMD kernels read. A row of
 //! Q8_0/Q8_1 blocks becomes:
 //! - `qs`: all quants contiguous (64-byte aligned);
-//! - `pos`/`neg`: `a + 128` and `-a + 128` as unsigned bytes, for 1-bit weights to choose from
-//!   and sum with `psadbw`;
-//! - `lanes`/`bias`: per 128 values, the scale of each i32 lane of those sums (see
-//!   [`lane_block`]) and -1024 times it, which removes the +128 bias;
 //! - `scales`: one f32 per 32-block; `sums`: the Q8_1 block sum `s` (Q8_0: d·Σa);
+//! - `isums`: the exact integer sum Σa of each 32-block, so that kernels which multiply
+//!   unsigned weight codes can take the codes' offset off in integers (as the AMX tiles, which
+//!   multiply signed values, never have to);
 //! - `lut` (for products with 1-bit weights): for every 4 values, the 16 sums ±a0±a1±a2±a3 as
 //!   i16, split into 16 low bytes and 16 high bytes, looked up by 4 weight bits.
 
@@ -24,28 +23,21 @@ use crate::pool::Pool;
 /// Offsets inside a planar activation row of `cols` values.
 #[derive(Clone, Copy)]
 pub(crate) struct Planar {
-    pub pos: usize,
-    pub neg: usize,
-    pub lanes: usize,
-    pub bias: usize,
     pub scales: usize,
     pub sums: usize,
+    pub isums: usize,
     pub lut: usize,
     pub row_bytes: usize,
 }
 
 impl Planar {
     pub fn new(cols: usize) -> Planar {
-        let k = cols.next_multiple_of(128);
-        let pos = k;
-        let neg = pos + k;
-        let lanes = neg + k;
-        let bias = lanes + k / 128 * 64;
-        let scales = bias + k / 128 * 64;
+        let scales = cols.next_multiple_of(64);
         let sums = scales + (cols / 32) * 4;
-        let lut = (sums + (cols / 32) * 4).next_multiple_of(64);
+        let isums = sums + (cols / 32) * 4;
+        let lut = (isums + (cols / 32) * 4).next_multiple_of(64);
         let row_bytes = lut + (cols / 4) * 32;
-        Planar { pos, neg, lanes, bias, scales, sums, lut, row_bytes }
+        Planar { scales, sums, isums, lut, row_bytes }
     }
 }
 
@@ -53,12 +45,9 @@ impl Planar {
 #[derive(Clone, Copy)]
 pub(crate) struct PlanarRow<'a> {
     pub qs: &'a [i8],
-    pub pos: &'a [u8],
-    pub neg: &'a [u8],
-    pub lanes: &'a [f32],
-    pub bias: &'a [f32],
     pub scales: &'a [f32],
     pub sums: &'a [f32],
+    pub isums: &'a [i32],
     pub lut: &'a [u8],
 }
 
@@ -91,28 +80,14 @@ pub(crate) unsafe fn quantize_q8_with(x: &[f32], out: &mut [u8], with_sum: bool,
 pub(crate) fn planar_row(acts: &Acts, t: usize) -> PlanarRow<'_> {
     let p = Planar::new(acts.cols());
     let row = acts.aux_row(t);
-    let (n, nb, nl) = (acts.cols(), acts.cols() / 32, acts.cols().div_ceil(128) * 16);
+    let (n, nb) = (acts.cols(), acts.cols() / 32);
     PlanarRow {
         qs: bytemuck::cast_slice(&row[..n]),
-        pos: &row[p.pos..p.pos + n],
-        neg: &row[p.neg..p.neg + n],
-        lanes: bytemuck::cast_slice(&row[p.lanes..p.lanes + nl * 4]),
-        bias: bytemuck::cast_slice(&row[p.bias..p.bias + nl * 4]),
         scales: bytemuck::cast_slice(&row[p.scales..p.scales + nb * 4]),
         sums: bytemuck::cast_slice(&row[p.sums..p.sums + nb * 4]),
+        isums: bytemuck::cast_slice(&row[p.isums..p.isums + nb * 4]),
         lut: &row[p.lut..p.lut + n / 4 * 32],
     }
-}
-
-/// Which 32-block (0..4) of a 128-chunk i32 lane `l` of the combined 1-bit sums belongs to.
-///
-/// The chunk's first and second 64 bytes are each summed by `psadbw` into 8 u64 lanes (lanes
-/// 0..4 from the first 32-block of the 64, 4..8 from the second); the first sums fill the even
-/// i32 lanes and the second the odd ones.
-pub(crate) fn lane_block(l: usize) -> usize {
-    let half = l % 2; // 0: first 64 bytes, 1: second
-    let within = (l / 2) / 4; // which 32-block of those 64
-    2 * half + within
 }
 
 /// Build the planar layout for Q8_0/Q8_1 activations (rows in parallel), with the 1-bit
@@ -250,42 +225,27 @@ unsafe fn fill_lut_avx512(row: &mut [u8], p: &Planar, cols: usize) {
 #[target_feature(enable = "avx2")]
 unsafe fn fill_planar_row(format: ActFormat, blocks_in: &[u8], out: &mut [u8], p: &Planar, cols: usize) {
     use std::arch::x86_64::*;
-    let nb = cols / 32;
-    let bias = _mm256_set1_epi8(-128);
-    let mut scales = [0f32; 4];
-    for i in 0..nb {
+    for i in 0..cols / 32 {
         let (qs, d, s) = match format {
             ActFormat::Q8_0 | ActFormat::Q8_0x4 => {
                 let b = &blocks::<BlockQ8_0>(blocks_in)[i];
-                let d = f16_to_f32(u16::from_le_bytes(b.d));
-                (&b.qs, d, d * b.qs.iter().map(|&q| q as i32).sum::<i32>() as f32)
+                (&b.qs, f16_to_f32(u16::from_le_bytes(b.d)), None)
             }
             _ => {
                 let b = &blocks::<BlockQ8_1>(blocks_in)[i];
-                (&b.qs, f16_to_f32(u16::from_le_bytes(b.d)), f16_to_f32(u16::from_le_bytes(b.s)))
+                (&b.qs, f16_to_f32(u16::from_le_bytes(b.d)), Some(f16_to_f32(u16::from_le_bytes(b.s))))
             }
         };
+        let isum: i32 = qs.iter().map(|&q| q as i32).sum();
+        // SAFETY: the row holds `cols` quants at 0, and block `i` is 32 of them.
         unsafe {
             let q = _mm256_loadu_si256(qs.as_ptr() as *const __m256i);
-            let at = 32 * i;
-            _mm256_storeu_si256(out.as_mut_ptr().add(at) as *mut __m256i, q);
-            _mm256_storeu_si256(out.as_mut_ptr().add(p.pos + at) as *mut __m256i, _mm256_xor_si256(q, bias));
-            let neg = _mm256_sub_epi8(_mm256_setzero_si256(), q);
-            _mm256_storeu_si256(out.as_mut_ptr().add(p.neg + at) as *mut __m256i, _mm256_xor_si256(neg, bias));
+            _mm256_storeu_si256(out.as_mut_ptr().add(32 * i) as *mut __m256i, q);
         }
+        let s = s.unwrap_or(d * isum as f32);
         out[p.scales + 4 * i..][..4].copy_from_slice(&d.to_le_bytes());
         out[p.sums + 4 * i..][..4].copy_from_slice(&s.to_le_bytes());
-        scales[i % 4] = d;
-        if i % 4 == 3 || i + 1 == nb {
-            let c = i / 4;
-            for l in 0..16 {
-                let k = lane_block(l);
-                let scale = if 4 * c + k < nb { scales[k] } else { 0.0 };
-                out[p.lanes + 64 * c + 4 * l..][..4].copy_from_slice(&scale.to_le_bytes());
-                out[p.bias + 64 * c + 4 * l..][..4].copy_from_slice(&(-1024.0 * scale).to_le_bytes());
-            }
-            scales = [0.0; 4];
-        }
+        out[p.isums + 4 * i..][..4].copy_from_slice(&isum.to_le_bytes());
     }
 }
 

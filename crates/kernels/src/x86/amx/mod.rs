@@ -8,11 +8,16 @@
 //! Q8_K), so every block keeps its own scales and the integer arithmetic is exactly the
 //! reference's; the i32 tiles are stored and scaled with AVX-512 after each block. A tile
 //! product costs the same whether its rows hold 32 or 64 bytes, and each store about as much
-//! again, so Q1_0 batches ask for Q8_0x4 activations ([`batch_format`]): whole 128-blocks at
-//! full width, one store per block instead of four.
+//! again, so products with Q1_0 ask for Q8_0x4 activations ([`batch_format`]): whole
+//! 128-blocks at full width, one store per block instead of four.
 //!
 //! Tile instructions are inline assembly; Linux grants the tile state once per process (see
-//! `amx_perm`). Other types, and small batches, use the AVX-512 kernels.
+//! `amx_perm`). Other types, and small batches, use the AVX-512 kernels. Which path runs
+//! depends on the number of tokens, so both follow one float recipe per element: the exact
+//! integer sum of each activation block, `p = C_0·d_a0`, `p = fma(C_k, d_ak, p)` for the other
+//! blocks under one weight scale, `acc = fma(p, d_w, acc)`, then `acc = fma(s_a, m_w, acc)` for
+//! Q4_1/Q5_1 ([`Pair::scale`]; the AVX-512 side is `avx512::rows16`, `legacy16` and the
+//! Q1_0 lookup tables). A token's results are thus the same bits in any batch.
 
 mod expand;
 
@@ -34,12 +39,14 @@ use expand::TileRows;
 
 pub(crate) const TABLE: Table = Table { row_kernel, prepare, batch_format, ..avx512::TABLE };
 
-/// Q1_0 batches take one activation scale per 128 values (the weights' own block), so the
-/// tiles sum whole blocks before they are stored and scaled: a quarter of the stores and
-/// scaling, and full-width tile products.
-fn batch_format(format: ActFormat, w_tys: &[GgmlType], rows: usize) -> ActFormat {
+/// Products with Q1_0 weights take one activation scale per 128 values (the weights' own
+/// block), so the tiles sum whole blocks before they are stored and scaled: a quarter of the
+/// stores and scaling, and full-width tile products. Every number of tokens takes the same
+/// rounding, so that a token's results do not depend on the tokens that share its batch (the
+/// AVX-512 kernels below [`MIN_TOKENS`] sum the same blocks in the same way).
+fn batch_format(format: ActFormat, w_tys: &[GgmlType], _rows: usize) -> ActFormat {
     let all_q1 = !w_tys.is_empty() && w_tys.iter().all(|&t| t == GgmlType::Q1_0);
-    if format == ActFormat::Q8_0 && all_q1 && rows >= MIN_TOKENS { ActFormat::Q8_0x4 } else { format }
+    if format == ActFormat::Q8_0 && all_q1 { ActFormat::Q8_0x4 } else { format }
 }
 
 /// Batches smaller than this use the AVX-512 kernels.
@@ -230,7 +237,10 @@ fn fill_tile(format: ActFormat, geom: Geometry, tokens: &[&[u8]], qs: &mut [u8],
 }
 
 fn gemm(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
-    match tile_acts(acts) {
+    // Activations with one scale per 128 values are laid out in 128-value tile blocks, which
+    // only Q1_0 weights expand to; other types read them as Q8_0 blocks in AVX-512.
+    let tiles = tile_acts(acts).filter(|a| a.geom.kb != 128 || w.ty == GgmlType::Q1_0);
+    match tiles {
         // SAFETY: the AMX table is handed out only when AMX-INT8 is present and permitted
         // (and AVX-512 with VBMI, which every AMX CPU has).
         Some(a) => unsafe { gemm_tiles(w, rows, &a, acts.rows(), out) },

@@ -3,8 +3,6 @@
 
 use std::arch::x86_64::*;
 
-use super::ops::transpose16;
-
 #[inline(always)]
 fn mask(n: usize) -> __mmask16 {
     (((1u32 << n.min(16)) - 1) & 0xffff) as __mmask16
@@ -59,80 +57,141 @@ fn round_f16_impl(x: &mut [f32]) {
     }
 }
 
-/// `out[i·ldo + j] = a_i · b_j` (rows of `k`). Sixteen rows of `b` are transposed at a time so
-/// that every row of `a` meets them with broadcast FMAs; few rows of `a` take plain dots.
+/// `out[i·ldo + j] = a_i · b_j` (rows of `k`).
+///
+/// Every output takes one recipe, whatever the shape and whichever rows come with it (a
+/// query's scores must not depend on the other queries of its batch): lane l of a 16-lane
+/// accumulator takes `fma(a[16c + l], b[16c + l], acc)` for c = 0, 1, … (the last chunk
+/// zero-padded), and the 16 lanes are then added by the fixed tree of [`hsum16`]. Blocks of R
+/// rows of `a` × C rows of `b` (R·C = 16 accumulators, or 15) share their loads, and their 16
+/// sums come out of one tree.
 #[target_feature(enable = "avx512f")]
 fn gemm_nt_impl(a: &[f32], b: &[f32], k: usize, out: &mut [f32], ldo: usize) {
     let (m, n) = (a.len() / k, b.len() / k);
-    if m < 4 {
-        for i in 0..m {
-            for j in 0..n {
-                out[i * ldo + j] = super::ops::dot_f32(&a[i * k..(i + 1) * k], &b[j * k..(j + 1) * k]);
+    let mut i = 0;
+    while i < m {
+        let r = (m - i).min(4);
+        assert!((i + r) * k <= a.len() && (i + r - 1) * ldo + n <= out.len());
+        // SAFETY: rows i..i + r of `a`, and of `out` up to column n, lie inside them (just
+        // checked); `block` reads rows of `b` below n and writes columns below n.
+        unsafe {
+            let (pa, po) = (a.as_ptr().add(i * k), out.as_mut_ptr().add(i * ldo));
+            match r {
+                4 => cols::<4, 4>(pa, b, n, k, po, ldo),
+                3 => cols::<3, 5>(pa, b, n, k, po, ldo),
+                2 => cols::<2, 8>(pa, b, n, k, po, ldo),
+                _ => cols::<1, 16>(pa, b, n, k, po, ldo),
             }
         }
-        return;
+        i += r;
     }
-    let kp = k.next_multiple_of(16);
-    let mut bt = vec![_mm512_setzero_ps(); kp];
-    for j0 in (0..n).step_by(16) {
-        let rows = (n - j0).min(16);
-        // bt[d] = lanes j of column d of the 16-row block (zero past the last row).
-        for d0 in (0..k).step_by(16) {
-            let cols = mask(k - d0);
-            let blk: [__m512; 16] = std::array::from_fn(|r| {
-                if r < rows {
-                    // SAFETY: the mask keeps the load inside row j0 + r.
-                    unsafe { _mm512_maskz_loadu_ps(cols, b.as_ptr().add((j0 + r) * k + d0)) }
-                } else {
-                    _mm512_setzero_ps()
-                }
-            });
-            bt[d0..d0 + 16].copy_from_slice(&transpose16(&blk));
+}
+
+/// `R` rows of `a` (at `a`, `k` apart) against every row of `b`, `C` at a time.
+#[inline(always)]
+unsafe fn cols<const R: usize, const C: usize>(
+    a: *const f32,
+    b: &[f32],
+    n: usize,
+    k: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let mut j = 0;
+    while j < n {
+        let c = (n - j).min(C);
+        // SAFETY (caller): as for `block`; the last block repeats row n - 1 past the end.
+        unsafe {
+            let rows: [*const f32; C] = std::array::from_fn(|q| b.as_ptr().add((j + q.min(c - 1)) * k));
+            block::<R, C>(a, &rows, k, out.add(j), ldo, c);
         }
-        let store = mask(rows);
-        let mut i = 0;
-        while i < m {
-            let r = (m - i).min(4);
-            assert!((i + r) * k <= a.len() && (i + r - 1) * ldo + j0 + rows <= out.len());
-            // SAFETY: rows i..i + r of `a` and of `out` (from column j0, `rows` wide) lie inside
-            // them (just checked); the store mask stops at `rows`.
-            unsafe {
-                let (pa, po) = (a.as_ptr().add(i * k), out.as_mut_ptr().add(i * ldo + j0));
-                match r {
-                    4 => dots16::<4>(pa, k, &bt[..k], po, ldo, store),
-                    3 => dots16::<3>(pa, k, &bt[..k], po, ldo, store),
-                    2 => dots16::<2>(pa, k, &bt[..k], po, ldo, store),
-                    _ => dots16::<1>(pa, k, &bt[..k], po, ldo, store),
-                }
+        j += C;
+    }
+}
+
+/// The R × C dots of rows `a + r·k` with `rows[q]`, stored at `out + r·ldo + q` for q < `c`.
+#[inline(always)]
+unsafe fn block<const R: usize, const C: usize>(
+    a: *const f32,
+    rows: &[*const f32; C],
+    k: usize,
+    out: *mut f32,
+    ldo: usize,
+    c: usize,
+) {
+    // SAFETY (caller): R rows of `k` at `a`, C rows of `k` at `rows`, R rows of `c` at `out`.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); C]; R];
+        let full = k / 16 * 16;
+        for d in (0..full).step_by(16) {
+            chunk(&mut acc, a, rows, k, d, 0xffff);
+        }
+        if full < k {
+            chunk(&mut acc, a, rows, k, full, mask(k - full));
+        }
+        // Output (r, q) is lane C·r + q of the tree's result; `hsum16` puts input 4(o % 4) + o / 4
+        // in lane o.
+        let mut v = [_mm512_setzero_ps(); 16];
+        for r in 0..R {
+            for q in 0..C {
+                let o = C * r + q;
+                v[4 * (o % 4) + o / 4] = acc[r][q];
             }
-            i += r;
+        }
+        let sums = hsum16(&v);
+        for r in 0..R {
+            let row = _mm512_maskz_compress_ps(mask(C).wrapping_shl((C * r) as u32), sums);
+            _mm512_mask_storeu_ps(out.add(r * ldo), mask(c), row);
         }
     }
 }
 
-/// Sixteen dot products of each of `R` rows of `k` values at `a` with the transposed block
-/// `bt`, stored (lanes in `store`) at `out`, `ldo` apart; two accumulators per row (even and
-/// odd `d`) so that FMA latency is hidden.
+/// One chunk of 16 values (the lanes in `m`) into the R × C accumulators.
 #[inline(always)]
-unsafe fn dots16<const R: usize>(a: *const f32, k: usize, bt: &[__m512], out: *mut f32, ldo: usize, store: __mmask16) {
+unsafe fn chunk<const R: usize, const C: usize>(
+    acc: &mut [[__m512; C]; R],
+    a: *const f32,
+    rows: &[*const f32; C],
+    k: usize,
+    d: usize,
+    m: __mmask16,
+) {
+    // SAFETY (caller): the lanes of `m` from `d` lie inside every row.
     unsafe {
-        let mut even = [_mm512_setzero_ps(); R];
-        let mut odd = [_mm512_setzero_ps(); R];
-        for c in 0..k / 2 {
-            let d = 2 * c;
+        let av: [__m512; R] = std::array::from_fn(|r| _mm512_maskz_loadu_ps(m, a.add(r * k + d)));
+        for q in 0..C {
+            let bv = _mm512_maskz_loadu_ps(m, rows[q].add(d));
             for r in 0..R {
-                even[r] = _mm512_fmadd_ps(_mm512_set1_ps(*a.add(r * k + d)), bt[d], even[r]);
-                odd[r] = _mm512_fmadd_ps(_mm512_set1_ps(*a.add(r * k + d + 1)), bt[d + 1], odd[r]);
+                acc[r][q] = _mm512_fmadd_ps(av[r], bv, acc[r][q]);
             }
         }
-        if k % 2 == 1 {
-            for (r, e) in even.iter_mut().enumerate() {
-                *e = _mm512_fmadd_ps(_mm512_set1_ps(*a.add(r * k + k - 1)), bt[k - 1], *e);
-            }
-        }
-        for r in 0..R {
-            _mm512_mask_storeu_ps(out.add(r * ldo), store, _mm512_add_ps(even[r], odd[r]));
-        }
+    }
+}
+
+/// Sixteen horizontal sums at once: lane o holds the sum of the lanes of `v[4(o % 4) + o / 4]`,
+/// each by the same tree: y_i = x_i + x_{i+8}, z_i = y_i + y_{i+4}, w_i = z_i + z_{i+2},
+/// w_0 + w_1.
+#[inline(always)]
+unsafe fn hsum16(v: &[__m512; 16]) -> __m512 {
+    // SAFETY (caller): AVX-512 F is present.
+    unsafe {
+        // [x_a + x_a' | x_b + x_b'], halves 256 bits apart.
+        // (x_lo + x_hi in the low half, y_hi + y_lo in the high half: one shuffle and a blend.)
+        let s: [__m512; 8] = std::array::from_fn(|p| {
+            let (x, y) = (v[2 * p], v[2 * p + 1]);
+            _mm512_add_ps(_mm512_mask_blend_ps(0xff00, x, y), _mm512_shuffle_f32x4::<0b01_00_11_10>(x, y))
+        });
+        // 128-bit lane L of t[u]: the four z of v[4u + L].
+        let t: [__m512; 4] = std::array::from_fn(|u| {
+            let (x, y) = (s[2 * u], s[2 * u + 1]);
+            _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(x, y), _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y))
+        });
+        // Lane L of w[h]: w_0, w_1 of v[8h + L], then of v[8h + 4 + L].
+        let w: [__m512; 2] = std::array::from_fn(|h| {
+            let (x, y) = (t[2 * h], t[2 * h + 1]);
+            _mm512_add_ps(_mm512_shuffle_ps::<0b01_00_01_00>(x, y), _mm512_shuffle_ps::<0b11_10_11_10>(x, y))
+        });
+        _mm512_add_ps(_mm512_shuffle_ps::<0b10_00_10_00>(w[0], w[1]), _mm512_shuffle_ps::<0b11_01_11_01>(w[0], w[1]))
     }
 }
 
@@ -192,8 +251,8 @@ unsafe fn acc_rows<const R: usize>(
 }
 
 /// Columns `c0 .. c0 + width` (at most 16 V) of `R` output rows, kept in registers while the
-/// weighted rows stream past (each loaded once for the `R` rows; rows all weighted 0 are
-/// skipped: the causal tail).
+/// weighted rows stream past (each loaded once for the `R` rows). A row adds only its nonzero
+/// weights, in order (rows all weighted 0 are skipped altogether: the causal tail).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn acc_cols<const V: usize, const R: usize>(
@@ -207,27 +266,47 @@ unsafe fn acc_cols<const V: usize, const R: usize>(
     o: *mut f32,
 ) {
     unsafe {
-        let masks: [__mmask16; V] = std::array::from_fn(|v| mask(width.saturating_sub(16 * v)));
-        let mut acc: [[__m512; V]; R] = std::array::from_fn(|r| {
-            std::array::from_fn(|v| _mm512_maskz_loadu_ps(masks[v], o.add(r * n + c0 + 16 * v)))
-        });
+        // Every vector but the last is whole.
+        let last = mask(width - 16 * (V - 1));
+        let load = |row: *const f32, v: usize| {
+            if v + 1 < V { _mm512_loadu_ps(row.add(16 * v)) } else { _mm512_maskz_loadu_ps(last, row.add(16 * v)) }
+        };
+        let mut acc: [[__m512; V]; R] = std::array::from_fn(|r| std::array::from_fn(|v| load(o.add(r * n + c0), v)));
         for j in 0..kk {
             let w: [f32; R] = std::array::from_fn(|r| *p.add(r * lda + j));
-            if w.iter().all(|&w| w == 0.0) {
+            let zeros = w.iter().filter(|&&w| w == 0.0).count();
+            if zeros == R {
                 continue;
             }
-            let w: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(w[r]));
+            let wv: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(w[r]));
             let row = b.as_ptr().add(j * n + c0);
-            for v in 0..V {
-                let x = _mm512_maskz_loadu_ps(masks[v], row.add(16 * v));
+            if zeros == 0 {
+                for v in 0..V {
+                    let x = load(row, v);
+                    for r in 0..R {
+                        acc[r][v] = _mm512_fmadd_ps(wv[r], x, acc[r][v]);
+                    }
+                }
+            } else {
+                // A row skips its own zero weights only, whatever the rows beside it: adding
+                // 0·x could still turn a -0 sum into +0.
                 for r in 0..R {
-                    acc[r][v] = _mm512_fmadd_ps(w[r], x, acc[r][v]);
+                    if w[r] != 0.0 {
+                        for v in 0..V {
+                            acc[r][v] = _mm512_fmadd_ps(wv[r], load(row, v), acc[r][v]);
+                        }
+                    }
                 }
             }
         }
         for (r, acc) in acc.iter().enumerate() {
             for v in 0..V {
-                _mm512_mask_storeu_ps(o.add(r * n + c0 + 16 * v), masks[v], acc[v]);
+                let at = o.add(r * n + c0 + 16 * v);
+                if v + 1 < V {
+                    _mm512_storeu_ps(at, acc[v]);
+                } else {
+                    _mm512_mask_storeu_ps(at, last, acc[v]);
+                }
             }
         }
     }

@@ -4,9 +4,11 @@
 //! `vpdpbusd` multiplies four consecutive weights of 16 rows by the same four activations
 //! (broadcast): 64 products, no horizontal sums, and one f32 vector of 16 results per token
 //! at the end. The quants are the unsigned operand (Q4 nibbles as they are, Q8_0 plus 128),
-//! so the offsets are taken out afterwards with the activations' block sums:
-//! Σ(q−8)a = Σqa − 8Σa, Σ(w+128)a − 128Σa = Σwa. A block's weights are unpacked once and
-//! used for up to four tokens.
+//! so the offsets are taken out afterwards, in integers, with the activations' block sums:
+//! Σ(q−8)a = Σqa − 8Σa, Σ(w+128)a − 128Σa = Σwa. That leaves each row's exact integer sum per
+//! block, scaled as the AMX tiles scale theirs (`p = C·d_a`, `acc = fma(p, d_w, acc)`, then
+//! `acc = fma(s_a, m_w, acc)` for Q4_1), so the two paths give the same bits. A block's weights
+//! are unpacked once and used for up to four tokens.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -69,9 +71,9 @@ unsafe fn group<const T: usize>(
     assert!(data.len() >= nb * block);
     let (m_at, qs_at) = legacy_layout(ty);
     let (q8, offset) = match ty {
-        GgmlType::Q8_0 => (true, 128.0f32),
-        GgmlType::Q4_0 => (false, 8.0),
-        _ => (false, 0.0),
+        GgmlType::Q8_0 => (true, 128),
+        GgmlType::Q4_0 => (false, 8),
+        _ => (false, 0),
     };
     let nib = _mm512_set1_epi8(0x0f);
     let mut acc = [_mm512_setzero_ps(); TOKENS];
@@ -101,12 +103,11 @@ unsafe fn group<const T: usize>(
                 for (c, wc) in w.iter().enumerate() {
                     s = _mm512_dpbusd_epi32(s, *wc, bcast_dword(a[t].qs, 32 * b + 4 * c));
                 }
-                let da = _mm512_set1_ps(*a[t].scales.get_unchecked(b));
-                let sa = *a[t].sums.get_unchecked(b);
-                let v = _mm512_fmsub_ps(_mm512_cvtepi32_ps(s), da, _mm512_set1_ps(offset * sa));
-                acc[t] = _mm512_fmadd_ps(v, dw, acc[t]);
+                let c = _mm512_sub_epi32(s, _mm512_set1_epi32(offset * *a[t].isums.get_unchecked(b)));
+                let p = _mm512_mul_ps(_mm512_cvtepi32_ps(c), _mm512_set1_ps(*a[t].scales.get_unchecked(b)));
+                acc[t] = _mm512_fmadd_ps(p, dw, acc[t]);
                 if let Some(mw) = mw {
-                    acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sa), acc[t]);
+                    acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(*a[t].sums.get_unchecked(b)), mw, acc[t]);
                 }
             }
         }

@@ -6,6 +6,7 @@ mod kquants;
 mod legacy16;
 mod matmul;
 mod ops;
+mod rows16;
 
 pub(crate) use ops::transpose16;
 
@@ -23,7 +24,7 @@ pub(crate) const TABLE: Table = Table {
     batch_format: crate::dispatch::same_format,
     prepare: |pool, acts, w_tys| super::prepare_planar(pool, acts, w_tys.contains(&GgmlType::Q1_0), 0),
     pack: |w, pool| match w.ty {
-        GgmlType::Q1_0 if w.cols <= 128 * matmul::MAX_BLOCKS => Some(crate::pack::pack_q1_0(w, pool)),
+        GgmlType::Q1_0 => Some(crate::pack::pack_q1_0(w, pool)),
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => Some(crate::pack::pack_legacy(w, pool)),
         _ => None,
     },

@@ -1,0 +1,47 @@
+//! Speed of the attention block products on one thread: scores `Q·Kᵀ` (`gemm_nt`) and weighted
+//! values `P·V` (`gemm_nn_acc`) for `M` query rows against a block of `N` cached rows of
+//! `D` values, as attention calls them (prefill: 64 × 64; decode: the few query heads that
+//! share a kv head).
+//! `cargo run --release -p onebit-kernels --example attn_speed [M,..] [N] [D] [TIER]`
+
+use std::time::Instant;
+
+use onebit_kernels::{KernelTier, Kernels};
+
+fn main() {
+    let arg = |i: usize| std::env::args().nth(i);
+    let ms: Vec<usize> = arg(1).unwrap_or("1,2,3,4,8,64".into()).split(',').map(|s| s.parse().unwrap()).collect();
+    let n = arg(2).and_then(|s| s.parse().ok()).unwrap_or(64);
+    let d = arg(3).and_then(|s| s.parse().ok()).unwrap_or(128);
+    let tier = arg(4).map_or(KernelTier::best(), |s| s.parse().unwrap());
+    let k = Kernels::new(tier).unwrap();
+    let kv: Vec<f32> = (0..n * d).map(|i| ((i * 7919 % 2003) as f32 / 1001.0 - 1.0) * 0.5).collect();
+    for &m in &ms {
+        let q: Vec<f32> = (0..m * d).map(|i| ((i * 104729 % 997) as f32 / 498.0 - 1.0) * 0.5).collect();
+        let p: Vec<f32> = (0..m * n).map(|i| (i % 13 + 1) as f32 / 14.0).collect();
+        let mut s = vec![0f32; m * n];
+        let mut o = vec![0f32; m * d];
+        let reps = (2e8 / (m * n * d) as f64).clamp(10.0, 1e6) as usize;
+        let time = |f: &mut dyn FnMut()| {
+            let mut best = f64::MAX;
+            for _ in 0..5 {
+                let t = Instant::now();
+                for _ in 0..reps {
+                    f();
+                }
+                best = best.min(t.elapsed().as_secs_f64() / reps as f64);
+            }
+            best
+        };
+        let nt = time(&mut || k.gemm_nt(&q, &kv, d, &mut s, n));
+        let nn = time(&mut || k.gemm_nn_acc(&p, n, &kv, d, &mut o));
+        let gf = |secs: f64| (m * n * d) as f64 / secs / 1e9;
+        println!(
+            "{tier} m={m:<3} n={n} d={d}: gemm_nt {:>8.2} µs {:>6.1} G MAC/s | gemm_nn_acc {:>8.2} µs {:>6.1} G MAC/s",
+            nt * 1e6,
+            gf(nt),
+            nn * 1e6,
+            gf(nn)
+        );
+    }
+}
