@@ -265,6 +265,47 @@ impl Kernels {
         Ok(())
     }
 
+    /// The gated MLP's two products and its activation in one parallel region:
+    /// `out[t * rows + r] = silu(gate_r · x_t) · (up_r · x_t)`. A thread computes a run of rows
+    /// of both products for every token into its own buffers and writes only the result, so
+    /// neither product is ever held whole (for a batch of prompt tokens they are the largest
+    /// buffers of the forward pass). Each value is exactly what the two products followed by
+    /// [`Kernels::silu_mul`] give.
+    pub fn matmul_glu(
+        &self,
+        pool: &Pool,
+        gate: &MatRef,
+        up: &MatRef,
+        acts: &Acts,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        let (kg, ku) = (self.row_kernel(gate, acts)?, self.row_kernel(up, acts)?);
+        let (rows, n) = (gate.rows, acts.rows());
+        if up.rows != rows || out.len() < n * rows {
+            return Err(KernelError::Size { ty: GgmlType::F32, elements: n * rows, bytes: out.len() * 4 });
+        }
+        let chunk = chunk_rows(gate, acts, pool.n_threads()).max(chunk_rows(up, acts, pool.n_threads()));
+        let dst = OutPtr::new(out, rows);
+        let silu_mul = self.table.silu_mul;
+        pool.for_chunks(rows, chunk, &|_, range| {
+            GLU_SCRATCH.with_borrow_mut(|(g, u)| {
+                let len = range.len();
+                g.resize(n * len, 0.0);
+                u.resize(n * len, 0.0);
+                kg.run(gate, range.clone(), acts, OutPtr::for_rows(g, range.start, len));
+                ku.run(up, range.clone(), acts, OutPtr::for_rows(u, range.start, len));
+                silu_mul(g, u);
+                for t in 0..n {
+                    // SAFETY: this call owns rows `range` of the output, `len` values per token.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(g[t * len..].as_ptr(), dst.ptr_at(t, range.start), len);
+                    }
+                }
+            });
+        });
+        Ok(())
+    }
+
     fn row_kernel(&self, w: &MatRef, acts: &Acts) -> Result<RowKernel, KernelError> {
         let format = ActFormat::for_weights(w.ty)?;
         if !acts.format().serves(format) || acts.cols() != w.cols {
@@ -334,6 +375,11 @@ impl Kernels {
         assert!(m == 0 || (kk <= lda && (m - 1) * lda + kk <= a.len()), "gemm_nn_acc: weights too small");
         (self.table.gemm_nn_acc)(a, lda, b, n, out)
     }
+}
+
+thread_local! {
+    /// Per thread: the gate and up products of the rows it computes (see `matmul_glu`).
+    static GLU_SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 struct SharedBytes(*mut u8);

@@ -67,12 +67,14 @@ impl<'a> MatRef<'a> {
     }
 }
 
-/// Where a kernel writes: `out[t * stride + r]`, shared by threads that own disjoint rows.
+/// Where a kernel writes: `out[t * stride + r - row0]`, shared by threads that own disjoint
+/// rows (`row0` lets a buffer hold just a run of rows starting there).
 #[derive(Clone, Copy)]
 pub struct OutPtr {
     ptr: *mut f32,
     len: usize,
     pub stride: usize,
+    row0: usize,
 }
 
 // SAFETY: threads write disjoint rows of the output (the driver hands out row ranges once).
@@ -81,7 +83,12 @@ unsafe impl Sync for OutPtr {}
 
 impl OutPtr {
     pub fn new(out: &mut [f32], stride: usize) -> OutPtr {
-        OutPtr { ptr: out.as_mut_ptr(), len: out.len(), stride }
+        OutPtr { ptr: out.as_mut_ptr(), len: out.len(), stride, row0: 0 }
+    }
+
+    /// A buffer for rows `row0 .. row0 + stride` only.
+    pub fn for_rows(out: &mut [f32], row0: usize, stride: usize) -> OutPtr {
+        OutPtr { ptr: out.as_mut_ptr(), len: out.len(), stride, row0 }
     }
 
     /// Store one result.
@@ -90,7 +97,7 @@ impl OutPtr {
     /// No other thread may write element (t, r) at the same time.
     #[inline(always)]
     pub unsafe fn write(&self, t: usize, r: usize, v: f32) {
-        let i = t * self.stride + r;
+        let i = t * self.stride + r - self.row0;
         debug_assert!(i < self.len);
         unsafe { *self.ptr.add(i) = v };
     }
@@ -101,7 +108,7 @@ impl OutPtr {
     /// Element (t, r) must be inside the output, and the caller may write only the rows it owns.
     #[inline(always)]
     pub unsafe fn ptr_at(&self, t: usize, r: usize) -> *mut f32 {
-        let i = t * self.stride + r;
+        let i = t * self.stride + r - self.row0;
         debug_assert!(i < self.len);
         unsafe { self.ptr.add(i) }
     }

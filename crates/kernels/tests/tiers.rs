@@ -209,3 +209,36 @@ fn attention_blocks_match_the_scalar_reference() {
         }
     }
 }
+
+/// The fused gated product gives exactly the two products followed by `silu_mul`, on every
+/// tier, for decode-sized and batch-sized token counts and row counts that end mid-chunk.
+#[test]
+fn the_fused_gated_product_equals_its_parts() {
+    let mut rng = Rng(0x61u64);
+    for tier in KernelTier::available() {
+        let k = Kernels::new(tier).unwrap();
+        let pool = Pool::new(2);
+        for &ty in &[GgmlType::Q1_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::F16] {
+            let cols = 256;
+            for (rows, tokens) in [(100, 1), (37, 5), (200, 20)] {
+                let (gd, ud) = (weights(&mut rng, ty, rows, cols), weights(&mut rng, ty, rows, cols));
+                let mut pg = MatRef::new(ty, rows, cols, &gd).unwrap();
+                let mut pu = MatRef::new(ty, rows, cols, &ud).unwrap();
+                let (packed_g, packed_u) = (k.pack(&pool, &pg), k.pack(&pool, &pu));
+                pg = pg.with_packed(packed_g.as_ref());
+                pu = pu.with_packed(packed_u.as_ref());
+                let x: Vec<f32> = (0..tokens * cols).map(|_| rng.f32() * 3.0).collect();
+                let mut acts = Acts::new();
+                k.quantize_acts_for(&pool, &[ty, ty], &x, cols, &mut acts).unwrap();
+                let (mut g, mut u, mut fused) =
+                    (vec![0f32; tokens * rows], vec![0f32; tokens * rows], vec![0f32; tokens * rows]);
+                k.matmul(&pool, &pg, &acts, &mut g).unwrap();
+                k.matmul(&pool, &pu, &acts, &mut u).unwrap();
+                k.silu_mul(&mut g, &u);
+                k.matmul_glu(&pool, &pg, &pu, &acts, &mut fused).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fused), bits(&g), "{tier} {ty} {rows}x{cols}, {tokens} tokens");
+            }
+        }
+    }
+}

@@ -143,7 +143,6 @@ impl Scratch {
         // Attention writes over the queries when heads of q and v are equally wide.
         fit(&mut self.attn, if c.head_dim == c.value_dim { 0 } else { n * c.n_heads * c.value_dim });
         fit(&mut self.gate, n * c.ffn);
-        fit(&mut self.up, n * c.ffn);
         while self.rope.len() < n {
             self.rope.push(RopeAngles::new(&c.rope));
         }
@@ -303,15 +302,19 @@ impl Net<'_> {
         for (x, xn) in sc.x.chunks_exact(c.hidden).zip(sc.xn.chunks_exact_mut(c.hidden)).take(n) {
             self.kernels.rms_norm(x, &layer.ffn_norm, c.rms_eps, xn);
         }
-        let (gate, up) = (&mut sc.gate[..n * c.ffn], &mut sc.up[..n * c.ffn]);
-        self.project(
-            &sc.xn[..n * c.hidden],
-            c.hidden,
-            &[&self.mat(&layer.w_gate), &self.mat(&layer.w_up)],
-            &mut [gate, up],
-            &mut sc.acts,
-        )?;
-        self.kernels.silu_mul(&mut sc.gate[..n * c.ffn], &sc.up[..n * c.ffn]);
+        let (gate, up) = (self.mat(&layer.w_gate), self.mat(&layer.w_up));
+        let act = &mut sc.gate[..n * c.ffn];
+        if ActFormat::for_weights(gate.ty)? == ActFormat::for_weights(up.ty)? {
+            // silu(gate) · up in one pass: the two products are never held whole.
+            let types = [gate.ty, up.ty];
+            self.kernels.quantize_acts_for(self.pool, &types, &sc.xn[..n * c.hidden], c.hidden, &mut sc.acts)?;
+            self.kernels.matmul_glu(self.pool, &gate, &up, &sc.acts, act)?;
+        } else {
+            sc.up.resize(n * c.ffn, 0.0);
+            let up_out = &mut sc.up[..n * c.ffn];
+            self.project(&sc.xn[..n * c.hidden], c.hidden, &[&gate, &up], &mut [act, up_out], &mut sc.acts)?;
+            self.kernels.silu_mul(&mut sc.gate[..n * c.ffn], &sc.up[..n * c.ffn]);
+        }
         self.project(
             &sc.gate[..n * c.ffn],
             c.ffn,

@@ -114,8 +114,19 @@ fn silu_mul_impl(gate: &mut [f32], up: &[f32]) {
         }
         i += 8;
     }
-    for j in i..n {
-        gate[j] = gate[j] / (1.0 + (-gate[j]).exp()) * up[j];
+    if i < n {
+        // The tail goes through the same vector arithmetic (padded), so that a value's result
+        // does not depend on where it falls in the slice.
+        let (mut g, mut u) = ([0f32; 8], [0f32; 8]);
+        g[..n - i].copy_from_slice(&gate[i..n]);
+        u[..n - i].copy_from_slice(&up[i..n]);
+        // SAFETY: both buffers hold the 8 values a vector loads and stores.
+        unsafe {
+            let gv = load(&g, 0);
+            let e = exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+            store(&mut g, 0, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), load(&u, 0)));
+        }
+        gate[i..n].copy_from_slice(&g[..n - i]);
     }
 }
 
