@@ -151,6 +151,13 @@ impl Kernels {
         cols: usize,
         acts: &mut Acts,
     ) -> Result<(), KernelError> {
+        let rows = x.len() / cols.max(1);
+        let format = self.format_for(w_tys, cols, rows)?;
+        self.quantize_into(pool, format, w_tys, x, cols, acts)
+    }
+
+    /// The activation format products with weights of all of `w_tys` take here.
+    fn format_for(&self, w_tys: &[GgmlType], cols: usize, rows: usize) -> Result<ActFormat, KernelError> {
         let Some(&first) = w_tys.first() else {
             return Err(KernelError::Unsupported { ty: GgmlType::F32, what: "activations for no weights" });
         };
@@ -160,12 +167,10 @@ impl Kernels {
                 return Err(KernelError::Mismatch { weights: ty, cols, acts: format!("{format:?} × {cols}") });
             }
         }
-        let rows = x.len() / cols.max(1);
-        let format = match self.batch_rounding {
+        Ok(match self.batch_rounding {
             BatchRounding::Fast => (self.table.batch_format)(format, w_tys, rows),
             BatchRounding::Reference => format,
-        };
-        self.quantize_into(pool, format, w_tys, x, cols, acts)
+        })
     }
 
     /// Quantize `x` into a given `format` that weights of `w_ty` accept (e.g. the format
@@ -265,28 +270,36 @@ impl Kernels {
         Ok(())
     }
 
-    /// The gated MLP's two products and its activation in one parallel region:
-    /// `out[t * rows + r] = silu(gate_r · x_t) · (up_r · x_t)`. A thread computes a run of rows
-    /// of both products for every token into its own buffers and writes only the result, so
-    /// neither product is ever held whole (for a batch of prompt tokens they are the largest
-    /// buffers of the forward pass). Each value is exactly what the two products followed by
-    /// [`Kernels::silu_mul`] give.
-    pub fn matmul_glu(
+    /// The gated MLP's two products and its activation, `silu(gate_r · x_t) · (up_r · x_t)`,
+    /// in one parallel region, delivered as the activations of the next product (with weights
+    /// of `next`: the down projection). A thread computes a run of rows of both products for
+    /// every token into its own buffers, applies the activation and quantizes its values, whole
+    /// activation blocks at a time: neither product nor their f32 result is ever held whole
+    /// (for a batch of prompt tokens they would be the largest buffers of the forward pass).
+    /// `out` is bit for bit what the two products, [`Kernels::silu_mul`] and
+    /// [`Kernels::quantize_acts_for`] make.
+    pub fn matmul_glu_acts(
         &self,
         pool: &Pool,
         gate: &MatRef,
         up: &MatRef,
         acts: &Acts,
-        out: &mut [f32],
+        next: &[GgmlType],
+        out: &mut Acts,
     ) -> Result<(), KernelError> {
         let (kg, ku) = (self.row_kernel(gate, acts)?, self.row_kernel(up, acts)?);
         let (rows, n) = (gate.rows, acts.rows());
-        if up.rows != rows || out.len() < n * rows {
-            return Err(KernelError::Size { ty: GgmlType::F32, elements: n * rows, bytes: out.len() * 4 });
+        if up.rows != rows {
+            return Err(KernelError::Size { ty: up.ty, elements: up.rows * up.cols, bytes: up.data.len() });
         }
+        let format = self.format_for(next, rows, n)?;
+        out.reset(format, n, rows)?;
         let chunk = chunk_rows(gate, acts, pool.n_threads()).max(chunk_rows(up, acts, pool.n_threads()));
-        let dst = OutPtr::new(out, rows);
-        let silu_mul = self.table.silu_mul;
+        // Runs of rows are whole activation blocks (and whole groups of packed weights).
+        let block = format.block();
+        let chunk = chunk / gcd(chunk, block) * block;
+        let (rb, quantize, silu_mul) = (out.row_bytes(), self.table.quantize_row, self.table.silu_mul);
+        let dst = SharedBytes(out.bytes_mut().as_mut_ptr());
         pool.for_chunks(rows, chunk, &|_, range| {
             GLU_SCRATCH.with_borrow_mut(|(g, u)| {
                 let len = range.len();
@@ -295,14 +308,16 @@ impl Kernels {
                 kg.run(gate, range.clone(), acts, OutPtr::for_rows(g, range.start, len));
                 ku.run(up, range.clone(), acts, OutPtr::for_rows(u, range.start, len));
                 silu_mul(g, u);
+                let (b0, b1) = (format.row_bytes(range.start), format.row_bytes(range.end));
                 for t in 0..n {
-                    // SAFETY: this call owns rows `range` of the output, `len` values per token.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(g[t * len..].as_ptr(), dst.ptr_at(t, range.start), len);
-                    }
+                    // SAFETY: `range` starts and ends on activation blocks, so bytes `b0..b1` of
+                    // token t's row hold exactly its values there, and only this call has them.
+                    let row = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(t * rb + b0), b1 - b0) };
+                    quantize(format, &g[t * len..(t + 1) * len], row);
                 }
             });
         });
+        (self.table.prepare)(pool, out, next);
         Ok(())
     }
 
@@ -377,8 +392,12 @@ impl Kernels {
     }
 }
 
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
 thread_local! {
-    /// Per thread: the gate and up products of the rows it computes (see `matmul_glu`).
+    /// Per thread: the gate and up products of the rows it computes (see `matmul_glu_acts`).
     static GLU_SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 

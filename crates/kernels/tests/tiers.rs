@@ -210,17 +210,17 @@ fn attention_blocks_match_the_scalar_reference() {
     }
 }
 
-/// The fused gated product gives exactly the two products followed by `silu_mul`, on every
-/// tier, for decode-sized and batch-sized token counts and row counts that end mid-chunk.
+/// The fused gated product gives exactly the two products followed by `silu_mul` and the next
+/// product's quantization, on every tier, for decode-sized and batch-sized token counts.
 #[test]
 fn the_fused_gated_product_equals_its_parts() {
     let mut rng = Rng(0x61u64);
     for tier in KernelTier::available() {
         let k = Kernels::new(tier).unwrap();
         let pool = Pool::new(2);
-        for &ty in &[GgmlType::Q1_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::F16] {
+        for &ty in &[GgmlType::Q1_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::F16, GgmlType::TQ2_0] {
             let cols = 256;
-            for (rows, tokens) in [(100, 1), (37, 5), (200, 20)] {
+            for (rows, tokens) in [(256, 1), (512, 5), (768, 20)] {
                 let (gd, ud) = (weights(&mut rng, ty, rows, cols), weights(&mut rng, ty, rows, cols));
                 let mut pg = MatRef::new(ty, rows, cols, &gd).unwrap();
                 let mut pu = MatRef::new(ty, rows, cols, &ud).unwrap();
@@ -230,14 +230,18 @@ fn the_fused_gated_product_equals_its_parts() {
                 let x: Vec<f32> = (0..tokens * cols).map(|_| rng.f32() * 3.0).collect();
                 let mut acts = Acts::new();
                 k.quantize_acts_for(&pool, &[ty, ty], &x, cols, &mut acts).unwrap();
-                let (mut g, mut u, mut fused) =
-                    (vec![0f32; tokens * rows], vec![0f32; tokens * rows], vec![0f32; tokens * rows]);
+                let (mut g, mut u) = (vec![0f32; tokens * rows], vec![0f32; tokens * rows]);
                 k.matmul(&pool, &pg, &acts, &mut g).unwrap();
                 k.matmul(&pool, &pu, &acts, &mut u).unwrap();
                 k.silu_mul(&mut g, &u);
-                k.matmul_glu(&pool, &pg, &pu, &acts, &mut fused).unwrap();
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&fused), bits(&g), "{tier} {ty} {rows}x{cols}, {tokens} tokens");
+                // The next product's weights: the same type, `rows` long.
+                let (mut want, mut fused) = (Acts::new(), Acts::new());
+                k.quantize_acts_for(&pool, &[ty], &g, rows, &mut want).unwrap();
+                k.matmul_glu_acts(&pool, &pg, &pu, &acts, &[ty], &mut fused).unwrap();
+                let what = format!("{tier} {ty} {rows}x{cols}, {tokens} tokens");
+                assert_eq!(fused.format(), want.format(), "{what}");
+                assert_eq!(fused.bytes(), want.bytes(), "{what}");
+                assert_eq!(fused.aux_bytes(), want.aux_bytes(), "{what}");
             }
         }
     }

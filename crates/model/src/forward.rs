@@ -93,10 +93,14 @@ pub struct Scratch {
     k: Vec<f32>,
     v: Vec<f32>,
     attn: Vec<f32>,
+    /// The gated product and its parts, only for models whose gate and up projections take
+    /// different activation formats.
     gate: Vec<f32>,
     up: Vec<f32>,
     rope: Vec<RopeAngles>,
     acts: Acts,
+    /// The down projection's activations, made by the gated product.
+    ffn_acts: Acts,
     attn_scratch: PerThread<AttnScratch>,
     attn_threads: usize,
     /// Per batch token: (sequence, position).
@@ -123,6 +127,7 @@ impl Scratch {
             up: Vec::new(),
             rope: Vec::new(),
             acts: Acts::new(),
+            ffn_acts: Acts::new(),
             attn_scratch: PerThread::new(1, AttnScratch::default),
             attn_threads: 1,
             where_: Vec::new(),
@@ -142,7 +147,6 @@ impl Scratch {
         fit(&mut self.v, n * c.v_dim());
         // Attention writes over the queries when heads of q and v are equally wide.
         fit(&mut self.attn, if c.head_dim == c.value_dim { 0 } else { n * c.n_heads * c.value_dim });
-        fit(&mut self.gate, n * c.ffn);
         while self.rope.len() < n {
             self.rope.push(RopeAngles::new(&c.rope));
         }
@@ -302,26 +306,23 @@ impl Net<'_> {
         for (x, xn) in sc.x.chunks_exact(c.hidden).zip(sc.xn.chunks_exact_mut(c.hidden)).take(n) {
             self.kernels.rms_norm(x, &layer.ffn_norm, c.rms_eps, xn);
         }
-        let (gate, up) = (self.mat(&layer.w_gate), self.mat(&layer.w_up));
-        let act = &mut sc.gate[..n * c.ffn];
+        let (gate, up, down) = (self.mat(&layer.w_gate), self.mat(&layer.w_up), self.mat(&layer.w_down));
+        let out = &mut sc.xn[..n * c.hidden];
         if ActFormat::for_weights(gate.ty)? == ActFormat::for_weights(up.ty)? {
-            // silu(gate) · up in one pass: the two products are never held whole.
+            // silu(gate) · up straight into the down projection's activations: neither
+            // product is ever held whole.
             let types = [gate.ty, up.ty];
-            self.kernels.quantize_acts_for(self.pool, &types, &sc.xn[..n * c.hidden], c.hidden, &mut sc.acts)?;
-            self.kernels.matmul_glu(self.pool, &gate, &up, &sc.acts, act)?;
+            self.kernels.quantize_acts_for(self.pool, &types, out, c.hidden, &mut sc.acts)?;
+            self.kernels.matmul_glu_acts(self.pool, &gate, &up, &sc.acts, &[down.ty], &mut sc.ffn_acts)?;
+            self.kernels.matmul(self.pool, &down, &sc.ffn_acts, out)?;
         } else {
+            sc.gate.resize(n * c.ffn, 0.0);
             sc.up.resize(n * c.ffn, 0.0);
-            let up_out = &mut sc.up[..n * c.ffn];
-            self.project(&sc.xn[..n * c.hidden], c.hidden, &[&gate, &up], &mut [act, up_out], &mut sc.acts)?;
+            let (g, u) = (&mut sc.gate[..n * c.ffn], &mut sc.up[..n * c.ffn]);
+            self.project(out, c.hidden, &[&gate, &up], &mut [g, u], &mut sc.acts)?;
             self.kernels.silu_mul(&mut sc.gate[..n * c.ffn], &sc.up[..n * c.ffn]);
+            self.project(&sc.gate[..n * c.ffn], c.ffn, &[&down], &mut [out], &mut sc.acts)?;
         }
-        self.project(
-            &sc.gate[..n * c.ffn],
-            c.ffn,
-            &[&self.mat(&layer.w_down)],
-            &mut [&mut sc.xn[..n * c.hidden]],
-            &mut sc.acts,
-        )?;
         add_into(&mut sc.x[..n * c.hidden], &sc.xn[..n * c.hidden]);
         Ok(())
     }

@@ -208,7 +208,7 @@ fn resolve(engine: &Engine, mut c: SchedulerConfig) -> Result<SchedulerConfig, E
         return Err(EngineError::ContextTooLarge { ctx: c.ctx_size, trained: model.context_length });
     }
     if c.kv_size == 0 {
-        c.kv_size = c.parallel.checked_mul(c.ctx_size).unwrap_or(usize::MAX);
+        c.kv_size = c.parallel.saturating_mul(c.ctx_size);
     }
     if c.kv_size < c.ctx_size {
         return bad(format!(

@@ -118,7 +118,7 @@ impl Sequence {
 
     /// Whether the token limit allows another token.
     pub fn wants_more(&self) -> bool {
-        !self.max_tokens.is_some_and(|n| self.ids.len() >= n)
+        self.max_tokens.is_none_or(|n| self.ids.len() < n)
     }
 
     /// Take the token sampled for this sequence: emit it, and say whether it goes on.

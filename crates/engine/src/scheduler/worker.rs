@@ -36,9 +36,9 @@ pub(super) struct Worker {
     config: SchedulerConfig,
     rx: Receiver<Command>,
     shared: Arc<Shared>,
-    waiting: VecDeque<Box<Sequence>>,
+    waiting: VecDeque<Sequence>,
     /// In the order they got their places.
-    running: Vec<Box<Sequence>>,
+    running: Vec<Sequence>,
     stats: SchedulerStats,
 }
 
@@ -120,7 +120,7 @@ impl Worker {
 
     fn handle(&mut self, cmd: Command) -> bool {
         match cmd {
-            Command::Submit(seq) => self.waiting.push_back(seq),
+            Command::Submit(seq) => self.waiting.push_back(*seq),
             Command::Stats(reply) => {
                 let _ = reply.send(SchedulerStats {
                     running: self.running.len(),
@@ -358,7 +358,7 @@ impl Worker {
     }
 
     fn shut_down(&mut self) {
-        let all: Vec<Box<Sequence>> = self.running.drain(..).chain(self.waiting.drain(..)).collect();
+        let all: Vec<Sequence> = self.running.drain(..).chain(self.waiting.drain(..)).collect();
         for mut seq in all {
             self.release_blocks(&mut seq);
             self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
