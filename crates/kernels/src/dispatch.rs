@@ -197,7 +197,7 @@ impl Kernels {
         let rows = x.len() / cols.max(1);
         acts.reset(format, rows, cols)?;
         let quantize = self.table.quantize_row;
-        if rows < 4 {
+        if rows * cols < SERIAL_VALUES {
             for t in 0..rows {
                 quantize(format, &x[t * cols..(t + 1) * cols], acts.row_mut(t));
             }
@@ -335,6 +335,10 @@ impl Kernels {
         (self.table.gemm_nn_acc)(a, lda, b, n, out)
     }
 }
+
+/// Activations of fewer values than this are quantized on the calling thread: a parallel region
+/// costs a few microseconds, more than rounding a few tokens (e.g. 8 of SmolLM2's 576 values).
+pub(crate) const SERIAL_VALUES: usize = 1 << 16;
 
 struct SharedBytes(*mut u8);
 // SAFETY: used only to hand disjoint rows of one buffer to different threads.
