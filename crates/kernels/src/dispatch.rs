@@ -202,7 +202,7 @@ impl Kernels {
         let rows = x.len() / cols.max(1);
         acts.reset(format, rows, cols)?;
         let quantize = self.table.quantize_row;
-        if rows < 4 {
+        if rows * cols < SERIAL_VALUES {
             for t in 0..rows {
                 quantize(format, &x[t * cols..(t + 1) * cols], acts.row_mut(t));
             }
@@ -400,6 +400,10 @@ thread_local! {
     /// Per thread: the gate and up products of the rows it computes (see `matmul_glu_acts`).
     static GLU_SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
+
+/// Activations of fewer values than this are quantized on the calling thread: a parallel region
+/// costs a few microseconds, more than rounding a few tokens (e.g. 8 of SmolLM2's 576 values).
+pub(crate) const SERIAL_VALUES: usize = 1 << 16;
 
 struct SharedBytes(*mut u8);
 // SAFETY: used only to hand disjoint rows of one buffer to different threads.

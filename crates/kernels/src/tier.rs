@@ -89,8 +89,10 @@ mod cpu {
             && is_x86_feature_detected!("avx512vnni")
     }
 
+    /// VBMI and BITALG (byte permutes and bit shuffles), which the AMX tier's weight expansion
+    /// uses; every AMX CPU has both.
     pub fn has_vbmi() -> bool {
-        is_x86_feature_detected!("avx512vbmi")
+        is_x86_feature_detected!("avx512vbmi") && is_x86_feature_detected!("avx512bitalg")
     }
 
     pub fn amx_usable() -> bool {

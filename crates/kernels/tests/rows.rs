@@ -3,7 +3,8 @@
 //! forward pass serves many sequences and a request's greedy tokens and logprobs must not
 //! change with what shares its steps. Each product is taken for a batch of 40 tokens (tiled
 //! paths then run two token tiles and a remainder), then for subsets and reorderings of those
-//! tokens, and the bits must be equal. The same holds for the attention block products, for
+//! tokens (of 1, 3, 8, 10, 16 and 17 tokens: every kernel a tier switches between by the
+//! number of tokens), and the bits must be equal. The same holds for the attention block products, for
 //! the query rows of `gemm_nt` and `gemm_nn_acc` (and the key rows of `gemm_nt`).
 
 use onebit_gguf::GgmlType;
@@ -61,6 +62,8 @@ fn subsets() -> Vec<Vec<usize>> {
         vec![17],
         vec![5, 20, 38],
         vec![38, 5, 20],
+        (0..8).collect(),
+        (3..13).collect(),
         (0..16).collect(),
         (0..17).collect(),
         (7..24).collect(),

@@ -11,13 +11,16 @@
 //!   multiply signed values, never have to);
 //! - `lut` (for products with 1-bit weights): for every 4 values, the 16 sums ±a0±a1±a2±a3 as
 //!   i16, split into 16 low bytes and 16 high bytes, looked up by 4 weight bits.
+//!
+//! Q8_K rows take the same layout with one scale and one integer sum per 256-block, in the
+//! first slots.
 
 pub(crate) mod amx;
 pub(crate) mod avx2;
 pub(crate) mod avx512;
 
 use crate::act::{ActFormat, Acts};
-use crate::formats::{BlockQ8_0, BlockQ8_1, blocks, blocks_mut, f16_to_f32, f32_to_f16};
+use crate::formats::{BlockQ8_0, BlockQ8_1, BlockQ8K, blocks, blocks_mut, f16_to_f32, f32_to_f16};
 use crate::pool::Pool;
 
 /// Offsets inside a planar activation row of `cols` values.
@@ -90,14 +93,15 @@ pub(crate) fn planar_row(acts: &Acts, t: usize) -> PlanarRow<'_> {
     }
 }
 
-/// Build the planar layout for Q8_0/Q8_1 activations (rows in parallel), with the 1-bit
-/// lookup tables if `lut`; other formats are read as they are. `extra` bytes are reserved
-/// after the rows for a tier's own use.
+/// Build the planar layout for 8-bit activations (rows in parallel when there are many), with
+/// the 1-bit lookup tables if `lut`. `extra` bytes are reserved after the rows for a tier's own
+/// use.
 pub(crate) fn prepare_planar(pool: &Pool, acts: &mut Acts, lut: bool, extra: usize) {
     let format = acts.format();
-    if !matches!(format, ActFormat::Q8_0 | ActFormat::Q8_1 | ActFormat::Q8_0x4) {
+    if format == ActFormat::F32 {
         return;
     }
+    let lut = lut && format != ActFormat::Q8K;
     let (rows, cols, rb) = (acts.rows(), acts.cols(), acts.row_bytes());
     let p = Planar::new(cols);
     let (src, aux) = acts.reset_aux(p.row_bytes, extra);
@@ -111,7 +115,8 @@ pub(crate) fn prepare_planar(pool: &Pool, acts: &mut Acts, lut: bool, extra: usi
             fill_lut(row, &p, cols);
         }
     };
-    if rows < 8 {
+    // The lookup tables take eight bytes per value, the rest of the layout about one.
+    if rows * cols * if lut { 8 } else { 1 } < crate::dispatch::SERIAL_VALUES {
         (0..rows).for_each(fill);
     } else {
         pool.for_chunks(rows, 4, &|_, r| r.for_each(fill));
@@ -225,6 +230,16 @@ unsafe fn fill_lut_avx512(row: &mut [u8], p: &Planar, cols: usize) {
 #[target_feature(enable = "avx2")]
 unsafe fn fill_planar_row(format: ActFormat, blocks_in: &[u8], out: &mut [u8], p: &Planar, cols: usize) {
     use std::arch::x86_64::*;
+    if format == ActFormat::Q8K {
+        // One scale and one sum per 256 values, in the first slots.
+        for (i, b) in blocks::<BlockQ8K>(blocks_in)[..cols / 256].iter().enumerate() {
+            out[256 * i..256 * (i + 1)].copy_from_slice(bytemuck::cast_slice(&b.qs));
+            let isum: i32 = b.bsums.iter().map(|&s| s as i32).sum();
+            out[p.scales + 4 * i..][..4].copy_from_slice(&b.d.to_le_bytes());
+            out[p.isums + 4 * i..][..4].copy_from_slice(&isum.to_le_bytes());
+        }
+        return;
+    }
     for i in 0..cols / 32 {
         let (qs, d, s) = match format {
             ActFormat::Q8_0 | ActFormat::Q8_0x4 => {

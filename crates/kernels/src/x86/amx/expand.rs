@@ -341,3 +341,94 @@ unsafe fn expand_legacy_packed(p: &PackedMat, row0: usize, out: &mut TileRows) {
         }
     }
 }
+
+/// The B operands (VNNI order) of up to four 16-row weight tiles for one weight block, for the
+/// few-token products ([`super::narrow`]): per tile, per activation block of the weight block,
+/// per step, `colsb / 4` rows of 64 bytes, row r holding values 4r..4r+4 of the step for each
+/// of the 16 weight rows (in the column order of [`Q1_COLUMNS`]); per tile the 16 scales, in
+/// the same order.
+pub(super) struct BTiles<'a> {
+    pub qs: &'a mut [u8],
+    pub d: &'a mut [[f32; 16]; 4],
+}
+
+/// Bytes of one tile's B operands for a weight block of `group` activation blocks.
+pub(super) fn b_tile_bytes(g: Geometry, group: usize) -> usize {
+    16 * group * g.kb
+}
+
+/// Expand weight block `wb` of `tiles` 16-row tiles from row `row0` (a multiple of 64) of a
+/// packed Q1_0 matrix. Rows past the matrix are zeros in the packed layout, with scale 0.
+pub(super) fn expand_b(p: &PackedMat, row0: usize, tiles: usize, wb: usize, out: &mut BTiles) {
+    assert!(p.ty == GgmlType::Q1_0 && row0.is_multiple_of(GROUP) && out.qs.len() >= 2048 * tiles);
+    // SAFETY: the narrow products run only on the AMX tier, whose CPUs have AVX-512 BW/VL,
+    // BITALG and F16C.
+    unsafe { expand_b_q1_0_packed(p, row0, tiles, wb, out) }
+}
+
+/// The weight row of each column of a packed Q1_0 tile: from one 16-byte lane broadcast to
+/// 64 bytes, qword q holds rows 8(q % 2) .. 8(q % 2) + 8, so the columns of its 8 mask bits
+/// (2q and 2q + 1) take two of those rows.
+pub(super) const Q1_COLUMNS: [u32; 16] = [0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15];
+
+/// How many weight blocks ahead the packed Q1_0 expansion prefetches.
+const PREFETCH_BLOCKS: usize = 2;
+
+/// Q1_0 from the 64-row packed layout (128-value weight blocks; 32- or 128-value activation
+/// blocks lay out alike): B row 8k + 2j + h of a tile is nibble h of byte j of 32-block k of its
+/// 16 rows, which sit in one 16-byte lane of one packed vector. That lane is broadcast and
+/// `vpshufbitqmb` picks the 64 bits (byte 4n + i: bit 4h + i of the byte of row
+/// `Q1_COLUMNS[n]`) straight into a mask for ±1 bytes: half a load, one shuffle, one blend
+/// and one store per 64 weights.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bitalg,f16c")]
+unsafe fn expand_b_q1_0_packed(p: &PackedMat, row0: usize, tiles: usize, wb: usize, out: &mut BTiles) {
+    let group = p.group(row0 / GROUP);
+    let g = &group[wb * Q1_GROUP_BLOCK..(wb + 1) * Q1_GROUP_BLOCK];
+    // The weights stream from memory once: ask for the block after next now (the whole group
+    // block, as all four tiles read from it).
+    if let Some(ahead) = group.get((wb + PREFETCH_BLOCKS) * Q1_GROUP_BLOCK..(wb + PREFETCH_BLOCKS + 1) * Q1_GROUP_BLOCK)
+    {
+        for line in (0..Q1_GROUP_BLOCK).step_by(64) {
+            // SAFETY: a prefetch of an address inside the group.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.as_ptr().add(line) as *const i8) };
+        }
+    }
+    // Control byte e of qword q: bit 4h + e % 4 of row 2(q / 2) + e / 4 of the qword's eight.
+    let ctl = |h: u64| {
+        let mut c = [0u64; 8];
+        for (q, c) in c.iter_mut().enumerate() {
+            for e in 0..8u64 {
+                let row = 2 * (q as u64 / 2) + e / 4;
+                *c |= (8 * row + 4 * h + e % 4) << (8 * e);
+            }
+        }
+        // SAFETY: eight u64 are one 512-bit vector.
+        unsafe { _mm512_loadu_si512(c.as_ptr() as *const __m512i) }
+    };
+    let (ctl0, ctl1) = (ctl(0), ctl(1));
+    let (minus, plus) = (_mm512_set1_epi8(-1), _mm512_set1_epi8(1));
+    // SAFETY: sixteen u32 are one vector.
+    let columns = unsafe { _mm512_loadu_si512(Q1_COLUMNS.as_ptr() as *const __m512i) };
+    for i in 0..tiles {
+        // The scales of rows 16i.. are two runs of eight (see `scale_order`).
+        let at = 16 * (i / 2) + 8 * (i % 2);
+        // SAFETY: the group block starts with its 64 scales; a tile's B operands are 2 KiB.
+        unsafe {
+            let lo = _mm_loadu_si128(g.as_ptr().add(2 * at) as *const __m128i);
+            let hi = _mm_loadu_si128(g.as_ptr().add(2 * (at + 32)) as *const __m128i);
+            let d = _mm512_cvtph_ps(_mm256_set_m128i(hi, lo));
+            _mm512_storeu_ps(out.d[i].as_mut_ptr(), _mm512_permutexvar_ps(columns, d));
+            let tile = out.qs.as_mut_ptr().add(2048 * i);
+            for k in 0..4 {
+                for j in 0..4 {
+                    let src = g.as_ptr().add(2 * GROUP + 64 * (4 * k + j) + 16 * i);
+                    let lane = _mm512_broadcast_i32x4(_mm_loadu_si128(src as *const __m128i));
+                    for (h, ctl) in [ctl0, ctl1].into_iter().enumerate() {
+                        let row = _mm512_mask_blend_epi8(_mm512_bitshuffle_epi64_mask(lane, ctl), minus, plus);
+                        _mm512_storeu_si512(tile.add(512 * k + 64 * (2 * j + h)) as *mut __m512i, row);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,25 +1,37 @@
-//! The AMX tier: AVX-512 everywhere, plus AMX-INT8 tiles for batched (prefill) products.
+//! The AMX tier: AVX-512 everywhere, plus AMX-INT8 tiles for products with several tokens.
 //!
-//! For a batch of at least [`MIN_TOKENS`] tokens, weights of the types in [`expand`] are
-//! expanded, 16 rows at a time, to signed bytes (the A operand of `tdpbssd`) and multiplied
-//! with the activations, laid out once per product in the VNNI order of the B operand. A 2 × 2
-//! block of tiles (32 weight rows × 32 tokens) shares each loaded tile between two products.
-//! Each product covers one activation block (32 values of Q8_0/Q8_1, 128 of Q8_0x4, 256 of
-//! Q8_K), so every block keeps its own scales and the integer arithmetic is exactly the
+//! Three paths, chosen per weight type by the number of tokens ([`path`]):
+//!
+//! - Pairs (batches: prefill): weights of the types in [`expand`] are expanded, 16 rows at a
+//!   time, to signed bytes (the A operand of `tdpbssd`) and multiplied with the activations,
+//!   laid out once per product in the VNNI order of the B operand. A 2 × 2 block of tiles
+//!   (32 weight rows × 32 tokens) shares each loaded tile between two products.
+//! - Narrow ([`narrow`], packed Q1_0 with a few tokens, e.g. one decoding token of each of
+//!   several sequences): the tokens are the A operand, one tile of up to 16, and the weights
+//!   the B operand, four tiles of 16 rows at a time.
+//! - Vector: the AVX-512 kernels (single tokens; the packed legacy types up to 32 tokens).
+//!
+//! Each tile product covers one activation block (32 values of Q8_0/Q8_1, 128 of Q8_0x4, 256
+//! of Q8_K), so every block keeps its own scales and the integer arithmetic is exactly the
 //! reference's; the i32 tiles are stored and scaled with AVX-512 after each block. A tile
 //! product costs the same whether its rows hold 32 or 64 bytes, and each store about as much
 //! again, so products with Q1_0 ask for Q8_0x4 activations ([`batch_format`]): whole
 //! 128-blocks at full width, one store per block instead of four.
 //!
-//! Tile instructions are inline assembly; Linux grants the tile state once per process (see
-//! `amx_perm`). Other types, and small batches, use the AVX-512 kernels. Which path runs
-//! depends on the number of tokens, so both follow one float recipe per element: the exact
-//! integer sum of each activation block, `p = C_0·d_a0`, `p = fma(C_k, d_ak, p)` for the other
-//! blocks under one weight scale, `acc = fma(p, d_w, acc)`, then `acc = fma(s_a, m_w, acc)` for
-//! Q4_1/Q5_1 ([`Pair::scale`]; the AVX-512 side is `avx512::rows16`, `legacy16` and the
-//! Q1_0 lookup tables). A token's results are thus the same bits in any batch.
+//! All paths follow one float recipe per element, so that a token's results are the same bits
+//! whichever runs: the exact integer sum of each activation block, `p = C_0·d_a0`,
+//! `p = fma(C_k, d_ak, p)` for the other blocks under one weight scale, `acc = fma(p, d_w,
+//! acc)`, then `acc = fma(s_a, m_w, acc)` for Q4_1/Q5_1 ([`Pair::scale`]; the AVX-512 side is
+//! `avx512::rows16`, `legacy16` and the Q1_0 lookup tables).
+//!
+//! Measured on this tier's machine: the tile unit and the vector unit do not overlap (a tile
+//! block and a weight expansion beside it take the sum of their times), and a tile load from
+//! a row that is not 64-byte aligned costs about six times an aligned one; every tile operand
+//! here is aligned. Tile instructions are inline assembly; Linux grants the tile state once
+//! per process (see `amx_perm`).
 
 mod expand;
+mod narrow;
 
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -43,14 +55,54 @@ pub(crate) const TABLE: Table = Table { row_kernel, prepare, batch_format, ..avx
 /// block), so the tiles sum whole blocks before they are stored and scaled: a quarter of the
 /// stores and scaling, and full-width tile products. Every number of tokens takes the same
 /// rounding, so that a token's results do not depend on the tokens that share its batch (the
-/// AVX-512 kernels below [`MIN_TOKENS`] sum the same blocks in the same way).
+/// AVX-512 kernels and the narrow tiles sum the same blocks in the same way).
 fn batch_format(format: ActFormat, w_tys: &[GgmlType], _rows: usize) -> ActFormat {
     let all_q1 = !w_tys.is_empty() && w_tys.iter().all(|&t| t == GgmlType::Q1_0);
     if format == ActFormat::Q8_0 && all_q1 { ActFormat::Q8_0x4 } else { format }
 }
 
-/// Batches smaller than this use the AVX-512 kernels.
-const MIN_TOKENS: usize = 16;
+/// Which kernel a product with weights of one type takes, by the number of tokens. Every path
+/// follows the same float recipe, so the choice is free to depend on the count.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Path {
+    /// The AVX-512 kernels (Q1_0: lookup tables).
+    Vector,
+    /// Tiles of up to 16 tokens against four weight tiles at a time ([`narrow`]): packed Q1_0
+    /// only, whose expansion to tiles is cheap and whose 128-value blocks fill them.
+    Narrow,
+    /// Pairs of 16-token tiles against pairs of weight tiles ([`gemm_tiles`]), the weight
+    /// expansion shared by all tokens.
+    Pairs,
+}
+
+/// Chosen by measurement on Sapphire Rapids (one thread, 2048–6144 × 2048, products only):
+///
+/// - packed Q1_0: lookup tables cost about 0.07 ms a token (6144 × 2048); the narrow tiles
+///   0.26 ms for 2–4 tokens, 0.31 for 8, 0.48 for 16, 0.8–1.0 for 17–31 (two token tiles),
+///   the pairs 1.03 for any count up to 32. On a whole model's weights, which stream from
+///   memory (`examples/batch_decode.rs`), the tiles win from 3 tokens.
+/// - Q4_0, Q4_1, Q8_0 (packed, 16 rows per vector): their AVX-512 kernel shares each block's
+///   unpacking among 8 tokens and beats the pairs below about 32 tokens (Q4_1 2048²: 0.43 vs
+///   0.87 ms at 16, 0.59 vs 0.90 at 24); the narrow tiles lose to it too, storing and
+///   scaling a tile per 32 values.
+/// - The types taken from their rows as they are (`avx512::rows16`, which decodes the weights
+///   again for every token): the pairs win from 3–4 tokens for TQ1_0, 6–8 for Q2_0, Q5_0 and
+///   Q5_1, 9–10 for TQ2_0.
+fn path(ty: GgmlType, rows: usize) -> Path {
+    use GgmlType::*;
+    let pairs = match ty {
+        Q4_0 | Q4_1 | Q8_0 | Q1_0 => 32,
+        TQ1_0 => 4,
+        Q2_0 | Q5_0 | Q5_1 => 8,
+        _ => 10,
+    };
+    match ty {
+        _ if rows >= pairs => Path::Pairs,
+        Q1_0 if rows >= 3 => Path::Narrow,
+        _ => Path::Vector,
+    }
+}
+
 /// The activation copy a token block keeps in L2 while the weight tiles pass over it.
 const TOKEN_BLOCK_BYTES: usize = 512 << 10;
 
@@ -85,12 +137,18 @@ impl Geometry {
     }
 }
 
-fn row_kernel(ty: GgmlType) -> Option<RowKernel> {
-    if expand::supports(ty) { Some(RowKernel::Tiled(gemm)) } else { avx512::row_kernel(ty) }
+/// Consecutive activation blocks that share one weight scale (Q1_0 with 32-value blocks: 4,
+/// Q2_0: 2), which the tiles scale together: the per-token scales first, the weight scale once.
+pub(super) fn blocks_per_scale(ty: GgmlType, g: Geometry) -> usize {
+    match ty {
+        GgmlType::Q1_0 if g.kb == 32 => 4,
+        GgmlType::Q2_0 => 2,
+        _ => 1,
+    }
 }
 
-fn uses_tiles(acts: &Acts) -> bool {
-    acts.rows() >= MIN_TOKENS && Geometry::of(acts.format()).is_some()
+fn row_kernel(ty: GgmlType) -> Option<RowKernel> {
+    if expand::supports(ty) { Some(RowKernel::Tiled(gemm)) } else { avx512::row_kernel(ty) }
 }
 
 /// The activations as B tiles, after the planar rows (if any): per 16-token tile and block,
@@ -116,7 +174,7 @@ fn tile_acts(acts: &Acts) -> Option<TileActs<'_>> {
     let geom = Geometry::of(acts.format())?;
     let (tiles, qs_len, sc_len) = tile_layout(acts.rows(), acts.cols(), geom);
     let extra = acts.aux_extra();
-    if !uses_tiles(acts) || extra.len() != qs_len + 2 * sc_len {
+    if extra.len() != qs_len + 2 * sc_len {
         return None;
     }
     let (qs, rest) = extra.split_at(qs_len);
@@ -124,18 +182,22 @@ fn tile_acts(acts: &Acts) -> Option<TileActs<'_>> {
     Some(TileActs { geom, tiles, qs, d: bytemuck::cast_slice(d), s: bytemuck::cast_slice(s) })
 }
 
+/// Lay the activations out for every path the weight types take at this number of tokens:
+/// the planar rows (AVX-512 kernels, narrow tiles; lookup tables for Q1_0's vector path), and
+/// the pairs' token tiles after them.
 fn prepare(pool: &Pool, acts: &mut Acts, w_tys: &[GgmlType]) {
-    let has_q1 = w_tys.contains(&GgmlType::Q1_0);
-    let Some(geom) =
-        Geometry::of(acts.format()).filter(|_| uses_tiles(acts) && w_tys.iter().any(|&t| expand::supports(t)))
-    else {
-        return prepare_planar(pool, acts, has_q1, 0);
+    let rows = acts.rows();
+    let paths = |p: Path| w_tys.iter().any(|&t| expand::supports(t) && path(t, rows) == p);
+    let lut = w_tys.contains(&GgmlType::Q1_0) && path(GgmlType::Q1_0, rows) == Path::Vector;
+    let planar = w_tys.iter().any(|&t| !expand::supports(t)) || paths(Path::Vector) || paths(Path::Narrow);
+    let Some(geom) = Geometry::of(acts.format()).filter(|_| paths(Path::Pairs)) else {
+        return prepare_planar(pool, acts, lut, 0);
     };
-    let (rows, cols) = (acts.rows(), acts.cols());
+    let cols = acts.cols();
     let (_, qs_len, sc_len) = tile_layout(rows, cols, geom);
     let extra = qs_len + 2 * sc_len;
-    if w_tys.iter().any(|&t| !expand::supports(t)) {
-        prepare_planar(pool, acts, false, extra);
+    if planar {
+        prepare_planar(pool, acts, lut, extra);
     } else {
         acts.reset_aux(0, extra);
     }
@@ -237,14 +299,18 @@ fn fill_tile(format: ActFormat, geom: Geometry, tokens: &[&[u8]], qs: &mut [u8],
 }
 
 fn gemm(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
-    // Activations with one scale per 128 values are laid out in 128-value tile blocks, which
-    // only Q1_0 weights expand to; other types read them as Q8_0 blocks in AVX-512.
-    let tiles = tile_acts(acts).filter(|a| a.geom.kb != 128 || w.ty == GgmlType::Q1_0);
-    match tiles {
-        // SAFETY: the AMX table is handed out only when AMX-INT8 is present and permitted
-        // (and AVX-512 with VBMI, which every AMX CPU has).
-        Some(a) => unsafe { gemm_tiles(w, rows, &a, acts.rows(), out) },
-        None => match avx512::row_kernel(w.ty) {
+    // Activations with one scale per 128 values take 128-value tile blocks, which only Q1_0
+    // weights expand to; other types read them as Q8_0 blocks in AVX-512.
+    let geom = Geometry::of(acts.format()).filter(|g| g.kb != 128 || w.ty == GgmlType::Q1_0);
+    let m = acts.rows();
+    match (geom, path(w.ty, m)) {
+        (Some(_), Path::Pairs) if let Some(a) = tile_acts(acts) => {
+            // SAFETY: the AMX table is handed out only when AMX-INT8 is present and permitted
+            // (and AVX-512 with VBMI, which every AMX CPU has).
+            unsafe { gemm_tiles(w, rows, &a, m, out) }
+        }
+        (Some(g), Path::Narrow) if w.packed.is_some() => narrow::gemm(w, rows, acts, g, out),
+        _ => match avx512::row_kernel(w.ty) {
             Some(k) => k.run(w, rows, acts, out),
             None => unreachable!("every AMX type has an AVX-512 kernel"),
         },
@@ -296,11 +362,7 @@ unsafe fn gemm_tiles(w: &MatRef, rows: Range<usize>, a: &TileActs, m: usize, out
     let w_tiles = rows.len().div_ceil(32) * 2;
     let tile_bytes = nblk * g.block_bytes();
     let has_offset = matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q5_1);
-    let group = match w.ty {
-        GgmlType::Q1_0 if g.kb == 32 => 4,
-        GgmlType::Q2_0 => 2,
-        _ => 1,
-    };
+    let group = blocks_per_scale(w.ty, g);
     SCRATCH.with_borrow_mut(|s| {
         s.w.resize(w_tiles * tile_bytes);
         s.d.resize(w_tiles * nblk * 16, 0.0);

@@ -18,31 +18,58 @@ use onebit_gguf::GgmlType;
 use crate::act::Acts;
 use crate::matmul::{MatRef, OutPtr};
 use crate::pack::{LEGACY_GROUP, legacy_layout};
-use crate::x86::{PlanarRow, planar_row};
+use crate::x86::Planar;
 
 /// Tokens that share one unpacking of a block.
-const TOKENS: usize = 4;
+const TOKENS: usize = 8;
+/// How many blocks ahead the weights are prefetched.
+const PREFETCH_BLOCKS: usize = 2;
 
 /// Rows `rows` (whole groups, except at the end of the matrix) for every token of `acts`.
 pub(super) fn rows(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
+    // SAFETY: the table holding this kernel exists only on AVX-512 VNNI CPUs.
+    unsafe {
+        match w.ty {
+            GgmlType::Q8_0 => rows_of::<Q8_0>(w, rows, acts, out),
+            GgmlType::Q4_0 => rows_of::<Q4_0>(w, rows, acts, out),
+            GgmlType::Q4_1 => rows_of::<Q4_1>(w, rows, acts, out),
+            other => unreachable!("no 16-row layout for {other}"),
+        }
+    }
+}
+
+/// The three packed types: 0 Q8_0 (quants + 128), 1 Q4_0 (nibbles, offset 8), 2 Q4_1 (nibbles,
+/// and an offset m per row and block).
+const Q8_0: u8 = 0;
+const Q4_0: u8 = 1;
+const Q4_1: u8 = 2;
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+unsafe fn rows_of<const TY: u8>(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
     let p = w.packed.expect("legacy16::rows needs a packed matrix");
     let nb = p.cols / 32;
+    let planar = Planar::new(acts.cols());
     for g in rows.start / LEGACY_GROUP..rows.end.div_ceil(LEGACY_GROUP) {
         let row0 = g * LEGACY_GROUP;
         let n_rows = (rows.end.min(p.rows) - row0).min(LEGACY_GROUP);
         let mask = ((1u32 << n_rows) - 1) as __mmask16;
         let data = p.group(g);
         for t0 in (0..acts.rows()).step_by(TOKENS) {
-            let a: [Option<PlanarRow>; TOKENS] =
-                std::array::from_fn(|i| (t0 + i < acts.rows()).then(|| planar_row(acts, t0 + i)));
-            // SAFETY: the table holding this kernel exists only on AVX-512 VNNI CPUs; the
-            // packed group holds `nb` blocks of 16 rows.
+            let stride = acts.aux_row_bytes();
+            // Token t0's row, from the whole buffer: the kernel reads the rows after it too.
+            let a = Tokens { base: acts.aux_bytes()[t0 * stride..].as_ptr(), stride, p: planar };
+            // SAFETY: the packed group holds `nb` blocks of 16 rows; tokens t0.. have planar
+            // rows.
             let res = unsafe {
-                match a.iter().flatten().count() {
-                    4 => group::<4>(w.ty, data, nb, &a),
-                    3 => group::<3>(w.ty, data, nb, &a),
-                    2 => group::<2>(w.ty, data, nb, &a),
-                    _ => group::<1>(w.ty, data, nb, &a),
+                match (acts.rows() - t0).min(TOKENS) {
+                    8 => group::<8, TY>(data, nb, &a),
+                    7 => group::<7, TY>(data, nb, &a),
+                    6 => group::<6, TY>(data, nb, &a),
+                    5 => group::<5, TY>(data, nb, &a),
+                    4 => group::<4, TY>(data, nb, &a),
+                    3 => group::<3, TY>(data, nb, &a),
+                    2 => group::<2, TY>(data, nb, &a),
+                    _ => group::<1, TY>(data, nb, &a),
                 }
             };
             for (i, v) in res.iter().enumerate().take(acts.rows() - t0) {
@@ -53,40 +80,48 @@ pub(super) fn rows(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
     }
 }
 
-#[inline(always)]
-unsafe fn bcast_dword(qs: &[i8], at: usize) -> __m512i {
-    unsafe { _mm512_set1_epi32(std::ptr::read_unaligned(qs.as_ptr().add(at) as *const i32)) }
+/// Consecutive planar activation rows from `base`, `stride` bytes apart.
+struct Tokens {
+    base: *const u8,
+    stride: usize,
+    p: Planar,
 }
 
 /// One group against `T` tokens: 16 results per token.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-unsafe fn group<const T: usize>(
-    ty: GgmlType,
-    data: &[u8],
-    nb: usize,
-    a: &[Option<PlanarRow>; TOKENS],
-) -> [__m512; TOKENS] {
-    let a: [PlanarRow; T] = std::array::from_fn(|i| a[i].expect("T tokens present"));
+unsafe fn group<const T: usize, const TY: u8>(data: &[u8], nb: usize, a: &Tokens) -> [__m512; TOKENS] {
+    let ty = match TY {
+        Q8_0 => GgmlType::Q8_0,
+        Q4_0 => GgmlType::Q4_0,
+        _ => GgmlType::Q4_1,
+    };
     let block = LEGACY_GROUP * ty.type_size() as usize;
     assert!(data.len() >= nb * block);
     let (m_at, qs_at) = legacy_layout(ty);
-    let (q8, offset) = match ty {
-        GgmlType::Q8_0 => (true, 128),
-        GgmlType::Q4_0 => (false, 8),
-        _ => (false, 0),
+    let offset = match TY {
+        Q8_0 => 128,
+        Q4_0 => 8,
+        _ => 0,
     };
     let nib = _mm512_set1_epi8(0x0f);
     let mut acc = [_mm512_setzero_ps(); TOKENS];
     for b in 0..nb {
-        // SAFETY: block `b` lies inside `data` (asserted above).
+        // SAFETY: block `b` lies inside `data` (asserted above); every token's planar row holds
+        // the quants, scales and sums of block b.
         unsafe {
             let blk = data.as_ptr().add(b * block);
-            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(4 * block) as *const i8);
+            // The weights stream from memory once: ask for all of the block after next now.
+            if b + PREFETCH_BLOCKS < nb {
+                let ahead = blk.add(PREFETCH_BLOCKS * block);
+                for line in (0..block).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.add(line) as *const i8);
+                }
+            }
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
             let mw = m_at.map(|at| _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(at) as *const __m256i)));
             let q = blk.add(qs_at) as *const __m512i;
             // Eight vectors of quants, lane n holding values 4c..4c+4 of row n.
-            let w: [__m512i; 8] = if q8 {
+            let w: [__m512i; 8] = if TY == Q8_0 {
                 std::array::from_fn(|c| _mm512_loadu_si512(q.add(c)))
             } else {
                 let v: [__m512i; 4] = std::array::from_fn(|p| _mm512_loadu_si512(q.add(p)));
@@ -99,15 +134,23 @@ unsafe fn group<const T: usize>(
                 })
             };
             for t in 0..T {
-                let mut s = _mm512_setzero_si512();
+                let row = a.base.add(t * a.stride);
+                let f32_at = |at: usize| std::ptr::read_unaligned(row.add(at + 4 * b) as *const f32);
+                // Two chains of products (the integer sum is exact in any order).
+                let mut s = [_mm512_setzero_si512(); 2];
                 for (c, wc) in w.iter().enumerate() {
-                    s = _mm512_dpbusd_epi32(s, *wc, bcast_dword(a[t].qs, 32 * b + 4 * c));
+                    let x = std::ptr::read_unaligned(row.add(32 * b + 4 * c) as *const i32);
+                    s[c % 2] = _mm512_dpbusd_epi32(s[c % 2], *wc, _mm512_set1_epi32(x));
                 }
-                let c = _mm512_sub_epi32(s, _mm512_set1_epi32(offset * *a[t].isums.get_unchecked(b)));
-                let p = _mm512_mul_ps(_mm512_cvtepi32_ps(c), _mm512_set1_ps(*a[t].scales.get_unchecked(b)));
+                let mut s = _mm512_add_epi32(s[0], s[1]);
+                if offset != 0 {
+                    let isum = std::ptr::read_unaligned(row.add(a.p.isums + 4 * b) as *const i32);
+                    s = _mm512_sub_epi32(s, _mm512_set1_epi32(offset * isum));
+                }
+                let p = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(f32_at(a.p.scales)));
                 acc[t] = _mm512_fmadd_ps(p, dw, acc[t]);
                 if let Some(mw) = mw {
-                    acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(*a[t].sums.get_unchecked(b)), mw, acc[t]);
+                    acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(f32_at(a.p.sums)), mw, acc[t]);
                 }
             }
         }

@@ -73,6 +73,12 @@ fn q1_0_rows(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
 /// Packed Q1_0 (64-row groups) × Q8_0 by lookup: each 4 weight bits index the 16 precomputed
 /// sums ±a0±a1±a2±a3 of their activations, for 64 rows per `vpshufb`.
 fn q1_0_packed(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr) {
+    // SAFETY: the table holding this kernel exists only on AVX-512 CPUs.
+    unsafe { q1_0_packed_rows(p, rows, acts, out) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+unsafe fn q1_0_packed_rows(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr) {
     let nb = p.cols / 128;
     let x4 = acts.format() == ActFormat::Q8_0x4;
     for g in rows.start / GROUP..rows.end.div_ceil(GROUP) {
@@ -80,8 +86,7 @@ fn q1_0_packed(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr) {
         let row0 = g * GROUP;
         let n = rows.end - row0;
         for t in 0..acts.rows() {
-            // SAFETY: the table holding this kernel exists only on AVX-512 CPUs; this call owns
-            // rows `rows` of the output and the masks stop at them.
+            // SAFETY: this call owns rows `rows` of the output and the masks stop at them.
             unsafe {
                 let a = planar_row(acts, t);
                 let res = if x4 { lut_group::<true>(data, a, nb) } else { lut_group::<false>(data, a, nb) };

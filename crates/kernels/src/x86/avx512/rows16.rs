@@ -22,7 +22,6 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use crate::act::{ActFormat, Acts};
-use crate::formats::{BlockQ8K, blocks};
 use crate::matmul::{MatRef, OutPtr};
 use crate::x86::{PlanarRow, planar_row};
 
@@ -48,25 +47,20 @@ pub(super) trait Codes {
     unsafe fn partial(w: *const u8, k: usize, a: *const i8) -> __m256i;
 }
 
-/// The activation rows a kernel reads: the planar layout, or Q8_K blocks as they are.
-enum ActRow<'a> {
-    Planar(PlanarRow<'a>),
-    Q8K(&'a [BlockQ8K]),
-}
-
-impl ActRow<'_> {
-    /// Activation block `i`: its quants, scale and exact sum Σa.
-    #[inline(always)]
-    fn block(&self, i: usize) -> (*const i8, f32, i32) {
-        match self {
-            ActRow::Planar(a) => (a.qs[32 * i..].as_ptr(), a.scales[i], a.isums[i]),
-            ActRow::Q8K(y) => (y[i].qs.as_ptr(), y[i].d, y[i].bsums.iter().map(|&s| s as i32).sum()),
-        }
-    }
+/// Activation block `i` (of `KA` values): its quants, scale and exact sum Σa.
+#[inline(always)]
+fn block(a: &PlanarRow, i: usize, ka: usize) -> (*const i8, f32, i32) {
+    (a.qs[ka * i..].as_ptr(), a.scales[i], a.isums[i])
 }
 
 /// Rows `rows` of `w` (unpacked, of the type `K` describes) for every token of `acts`.
 pub(super) fn rows<K: Codes>(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
+    // SAFETY: the table holding this kernel exists only on AVX-512 VNNI CPUs.
+    unsafe { rows_of::<K>(w, rows, acts, out) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+unsafe fn rows_of<K: Codes>(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
     // Only Q1_0 batches are given one scale per 128 values; any other type reads such
     // activations as the Q8_0 blocks they also are.
     let x4 = acts.format() == ActFormat::Q8_0x4 && K::QK == 128 && K::KA == 32;
@@ -77,14 +71,9 @@ pub(super) fn rows<K: Codes>(w: &MatRef, rows: Range<usize>, acts: &Acts, out: O
         let mask = ((1u32 << n) - 1) as __mmask16;
         let base = w.row(row0).as_ptr();
         for t in 0..acts.rows() {
-            let a = if K::KA == 32 {
-                ActRow::Planar(planar_row(acts, t))
-            } else {
-                ActRow::Q8K(&blocks::<BlockQ8K>(acts.row(t))[..w.cols / K::KA])
-            };
-            // SAFETY: the table holding this kernel exists only on AVX-512 VNNI CPUs; rows
-            // row0 .. row0 + n of `w` lie at `base`, `rb` bytes apart, and this call owns
-            // rows `rows` of the output, which the mask stops at.
+            let a = planar_row(acts, t);
+            // SAFETY: rows row0 .. row0 + n of `w` lie at `base`, `rb` bytes apart, and this
+            // call owns rows `rows` of the output, which the mask stops at.
             unsafe {
                 let acc =
                     if x4 { group::<K, true>(base, rb, n, nwb, &a) } else { group::<K, false>(base, rb, n, nwb, &a) };
@@ -96,7 +85,7 @@ pub(super) fn rows<K: Codes>(w: &MatRef, rows: Range<usize>, acts: &Acts, out: O
 
 /// Sixteen rows (the first `n` real, the others repeat the last) against one token.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-unsafe fn group<K: Codes, const X4: bool>(w: *const u8, rb: usize, n: usize, nwb: usize, a: &ActRow) -> __m512 {
+unsafe fn group<K: Codes, const X4: bool>(w: *const u8, rb: usize, n: usize, nwb: usize, a: &PlanarRow) -> __m512 {
     let g = K::QK / K::KA;
     let rows: [*const u8; 16] = std::array::from_fn(|r| w.wrapping_add(r.min(n - 1) * rb));
     let idx = _mm512_mullo_epi32(
@@ -117,7 +106,7 @@ unsafe fn group<K: Codes, const X4: bool>(w: *const u8, rb: usize, n: usize, nwb
             let wd = half(K::D_HIGH);
             let p = if X4 {
                 // One scale for the four 32-blocks: their sums are added in integers first.
-                let (a0, da, _) = a.block(4 * wb);
+                let (a0, da, _) = block(a, 4 * wb, 32);
                 let parts: [__m256i; 16] = std::array::from_fn(|r| {
                     let s01 = _mm256_add_epi32(
                         K::partial(rows[r].add(at), 0, a0),
@@ -129,13 +118,13 @@ unsafe fn group<K: Codes, const X4: bool>(w: *const u8, rb: usize, n: usize, nwb
                     );
                     _mm256_add_epi32(s01, s23)
                 });
-                let isum: i32 = (0..4).map(|k| a.block(4 * wb + k).2).sum();
+                let isum: i32 = (0..4).map(|k| block(a, 4 * wb + k, 32).2).sum();
                 let c = _mm512_sub_epi32(reduce16(&parts), _mm512_set1_epi32(K::BIAS * isum));
                 _mm512_mul_ps(_mm512_cvtepi32_ps(c), _mm512_set1_ps(da))
             } else {
                 let mut p = _mm512_setzero_ps();
                 for k in 0..g {
-                    let (ak, da, isum) = a.block(wb * g + k);
+                    let (ak, da, isum) = block(a, wb * g + k, K::KA);
                     let parts: [__m256i; 16] = std::array::from_fn(|r| K::partial(rows[r].add(at), k, ak));
                     let c = _mm512_cvtepi32_ps(_mm512_sub_epi32(reduce16(&parts), _mm512_set1_epi32(K::BIAS * isum)));
                     p = if k == 0 {
@@ -148,8 +137,7 @@ unsafe fn group<K: Codes, const X4: bool>(w: *const u8, rb: usize, n: usize, nwb
             };
             acc = _mm512_fmadd_ps(p, wd, acc);
             if K::MIN {
-                let ActRow::Planar(pa) = a else { unreachable!("offsets come with Q8_1 activations") };
-                acc = _mm512_fmadd_ps(_mm512_set1_ps(pa.sums[wb]), half(true), acc);
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(a.sums[wb]), half(true), acc);
             }
         }
     }

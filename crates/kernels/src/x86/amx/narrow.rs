@@ -1,0 +1,321 @@
+//! Products of packed Q1_0 with a few tokens (3 to 31, e.g. one decoding token of each of
+//! several sequences) on AMX: a tile of the tokens against up to four 16-row weight tiles.
+//!
+//! The tokens are the A operand (M rows, one per token, of 32 or 64 activation bytes, loaded
+//! straight from the planar layout) and the weights the B operand (VNNI order, expanded block
+//! by block just before use, see [`expand_b`]). A C tile then holds M tokens × 16 weight rows,
+//! so its store and its scaling cost grow with the tokens, not with a padded 16-token tile,
+//! and a token's 16 results are one vector store. Each expanded weight tile is loaded once
+//! per token tile. The scaling is the module's recipe, so a token's results are the same
+//! bits as on the other paths.
+//!
+//! Per block of 64 rows × 128 values (measured, one thread, L2-resident): the weight expansion
+//! about 50–90 ns, the tile loads, products and stores about 75 ns, the scaling from 10 ns (2
+//! tokens) to 50 ns (8); the two units do not overlap, so these add up. A whole model's
+//! weights come from memory, which the expansion prefetches two blocks ahead.
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+use std::ops::Range;
+
+use onebit_gguf::GgmlType;
+
+use super::Geometry;
+use super::expand::{BTiles, Q1_COLUMNS, b_tile_bytes, expand_b};
+use crate::act::{ActFormat, Acts, AlignedBuf};
+use crate::matmul::{MatRef, OutPtr};
+use crate::x86::Planar;
+
+/// Weight tiles per pass (16 rows each).
+const TILES: usize = 4;
+
+#[repr(C, align(64))]
+struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+/// tmm0-3: C, M × 16 i32. tmm4: A, M tokens × `colsb` bytes. tmm5-7: B, `colsb / 4` rows × 64
+/// bytes (16 weight rows × 4 values), taken in turn by the weight tiles.
+fn config(g: Geometry, m: usize) -> TileConfig {
+    let mut c = TileConfig { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
+    for i in 0..8 {
+        (c.colsb[i], c.rows[i]) = match i {
+            0..4 => (64, m as u8),
+            4 => (g.colsb as u16, m as u8),
+            _ => (64, (g.colsb / 4) as u8),
+        };
+    }
+    c
+}
+
+/// Weight blocks are expanded a run at a time, as many as fit in this many bytes of B operands.
+/// Measured on a model's weights streaming from memory: one Q1_0 block (8 KiB) at a time is
+/// fastest (8 tokens, Bonsai-1.7B shape: 33.6 ms a step against 37.7 with 24 KiB runs and 46.6
+/// with 48), as the run's operands, its C tiles and the incoming weights stay in L1.
+const RUN_BYTES: usize = 8 << 10;
+
+/// Per thread: a run of weight blocks' B operands, weight scales and C tiles, and the
+/// f32 sums of four tiles × 16 tokens.
+#[derive(Default)]
+struct Scratch {
+    b: AlignedBuf,
+    d: Vec<[[f32; 16]; TILES]>,
+    c: AlignedBuf,
+    acc: AlignedBuf,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Rows `rows` of the packed Q1_0 matrix `w` for the tokens of `acts`, whose planar layout is
+/// built.
+pub(super) fn gemm(w: &MatRef, rows: Range<usize>, acts: &Acts, g: Geometry, out: OutPtr) {
+    assert!(acts.rows() > 0 && acts.aux_row_bytes() == Planar::new(acts.cols()).row_bytes);
+    assert!(w.ty == GgmlType::Q1_0 && w.packed.is_some(), "narrow tiles take packed Q1_0");
+    // SAFETY: the AMX table is handed out only when AMX-INT8 is present and permitted (and
+    // AVX-512 with VBMI and BITALG, which every AMX CPU has).
+    unsafe { gemm_tiles(w, rows, acts, g, out) }
+}
+
+/// Weight blocks go by runs: expand the run's B operands, multiply them with every token tile
+/// (the tile unit and the vector unit do not overlap here, so the phases are simply
+/// sequential), then scale each (tile, token) sum over the run's blocks in a register.
+///
+/// More than 16 tokens take several token tiles of equal height M, the last one moved back to
+/// end at the last token (a token in two tiles gets the same bits from both).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512bitalg,f16c")]
+unsafe fn gemm_tiles(w: &MatRef, rows: Range<usize>, acts: &Acts, g: Geometry, out: OutPtr) {
+    let all = acts.rows();
+    let nt = all.div_ceil(16);
+    let m = all.div_ceil(nt);
+    let first = |tt: usize| (tt * m).min(all - m);
+    let group = super::blocks_per_scale(w.ty, g);
+    let nwb = w.cols / (group * g.kb);
+    let tb = b_tile_bytes(g, group);
+    let run = (RUN_BYTES / (TILES * tb)).clamp(1, nwb);
+    let p = Planar::new(acts.cols());
+    let (base, stride) = (acts.aux_bytes().as_ptr(), acts.aux_row_bytes());
+    let a = |tt: usize| Acts0 {
+        // SAFETY: token `first(tt)` has a planar row.
+        base: unsafe { base.add(first(tt) * stride) },
+        stride,
+        scales: p.scales,
+        x4: acts.format() == ActFormat::Q8_0x4,
+    };
+    let packed = w.packed.expect("checked above");
+    let job = Job { g, group, steps: g.kb / g.colsb, tb, m };
+    // C tiles: per run position, per token tile, per activation block, four 1 KiB tiles.
+    let c_block = group * TILES * 1024;
+    SCRATCH.with_borrow_mut(|s| {
+        s.b.resize(run * TILES * tb);
+        s.d.resize(run, [[0.0; 16]; TILES]);
+        s.c.resize(run * nt * c_block);
+        s.acc.resize(nt * TILES * 16 * 64);
+        let cfg = config(g, m);
+        // SAFETY: a valid palette-1 configuration; released below.
+        unsafe { asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly)) };
+        let c = s.c.as_bytes_mut().as_mut_ptr();
+        let acc = s.acc.as_f32_mut().as_mut_ptr() as *mut __m512;
+        for row0 in rows.clone().step_by(16 * TILES) {
+            let tiles = (rows.end - row0).div_ceil(16).min(TILES);
+            for q in 0..nt * TILES * 16 {
+                // SAFETY: `acc` holds nt × TILES × 16 vectors.
+                unsafe { *acc.add(q) = _mm512_setzero_ps() };
+            }
+            for r0 in (0..nwb).step_by(run) {
+                let blocks = r0..(r0 + run).min(nwb);
+                for (wb, (qs, d)) in blocks.clone().zip(s.b.as_bytes_mut().chunks_exact_mut(TILES * tb).zip(&mut s.d)) {
+                    expand_b(packed, row0, tiles, wb, &mut BTiles { qs, d });
+                }
+                for wb in blocks.clone() {
+                    let r = wb - r0;
+                    for tt in 0..nt {
+                        // SAFETY: block wb's B operands were just expanded at run position r,
+                        // and its C tiles go to their own slot of `c`; the activation tiles
+                        // lie inside the planar rows of the token tile.
+                        unsafe {
+                            let b = s.b.as_bytes().as_ptr().add(r * TILES * tb);
+                            job.products(&a(tt), wb, tiles, b, c.add((r * nt + tt) * c_block));
+                        }
+                    }
+                }
+                for tt in 0..nt {
+                    let (ct, acct) = (c.wrapping_add(tt * c_block), acc.wrapping_add(tt * TILES * 16));
+                    let cs = nt * c_block;
+                    // SAFETY: the run's C tiles are stored; `acc` holds this token tile's sums.
+                    unsafe {
+                        match group {
+                            4 => job.scale::<4>(&a(tt), blocks.clone(), tiles, ct, cs, &s.d, acct),
+                            _ => job.scale::<1>(&a(tt), blocks.clone(), tiles, ct, cs, &s.d, acct),
+                        }
+                    }
+                }
+            }
+            // Columns back to rows: lane r takes the column of row r.
+            let mut rows_of = [0u32; 16];
+            for (n, &r) in Q1_COLUMNS.iter().enumerate() {
+                rows_of[r as usize] = n as u32;
+            }
+            // SAFETY: 16 u32 are one vector.
+            let unpermute = unsafe { _mm512_loadu_si512(rows_of.as_ptr() as *const __m512i) };
+            for tt in 0..nt {
+                for i in 0..tiles {
+                    let row = row0 + 16 * i;
+                    let mask = (((1u32 << (rows.end - row).min(16)) - 1) & 0xffff) as __mmask16;
+                    for t in 0..m {
+                        // SAFETY: this call owns rows `rows` of the output; the mask stops at
+                        // them.
+                        unsafe {
+                            let v = *acc.add((tt * TILES + i) * 16 + t);
+                            let v = _mm512_permutexvar_ps(unpermute, v);
+                            _mm512_mask_storeu_ps(out.ptr_at(first(tt) + t, row), mask, v);
+                        }
+                    }
+                }
+            }
+        }
+        // SAFETY: ends this thread's use of the tiles.
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    });
+}
+
+/// The planar activation rows: token t's quants at `base + t · stride`, its scales at the
+/// planar offset `scales` after them.
+struct Acts0 {
+    base: *const u8,
+    stride: usize,
+    scales: usize,
+    x4: bool,
+}
+
+struct Job {
+    g: Geometry,
+    /// Activation blocks per weight scale.
+    group: usize,
+    steps: usize,
+    /// Bytes of one weight tile's B operands per weight block.
+    tb: usize,
+    m: usize,
+}
+
+impl Job {
+    /// The C tiles of weight block `wb` for one token tile: per activation block k of it, tile
+    /// i at `c + 4096 k + 1024 i` (row t: token t of the tile).
+    #[inline(always)]
+    unsafe fn products(&self, a: &Acts0, wb: usize, tiles: usize, b: *const u8, c: *mut u8) {
+        let g = self.g;
+        // SAFETY (caller): the operands lie where the offsets say.
+        unsafe {
+            for k in 0..self.group {
+                asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
+                for st in 0..self.steps {
+                    let at = (wb * self.group + k) * g.kb + st * g.colsb;
+                    asm!("tileloadd tmm4, [{a} + {s} * 1]", a = in(reg) a.base.add(at), s = in(reg) a.stride,
+                         options(nostack, readonly));
+                    let bk = b.add((k * self.steps + st) * 16 * g.colsb);
+                    for i in 0..tiles {
+                        product(i, bk.add(i * self.tb));
+                    }
+                }
+                let ck = c.add(4096 * k);
+                asm!(
+                    "tilestored [{c} + {s} * 1], tmm0",
+                    "tilestored [{c} + {s} * 1 + 1024], tmm1",
+                    "tilestored [{c} + {s} * 1 + 2048], tmm2",
+                    "tilestored [{c} + {s} * 1 + 3072], tmm3",
+                    c = in(reg) ck, s = in(reg) 64usize,
+                    options(nostack),
+                );
+            }
+        }
+    }
+
+    /// For every tile i and token t of a token tile, over the run's blocks in order (their C
+    /// tiles `c_stride` apart): with C_k the exact integer
+    /// sums, p = C_0·d_a0, p = fma(C_k, d_ak, p), acc = fma(p, d_w, acc).
+    /// Four tokens at a time, their sums for every tile in registers.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn scale<const G: usize>(
+        &self,
+        a: &Acts0,
+        blocks: Range<usize>,
+        tiles: usize,
+        c: *const u8,
+        c_stride: usize,
+        d: &[[[f32; 16]; TILES]],
+        acc: *mut __m512,
+    ) {
+        // Bytes between the scales of consecutive activation blocks (Q8_0x4 keeps a scale per
+        // 32-block, the four of a 128 equal; Q8_K one per 256).
+        let step = if a.x4 { 16 } else { 4 };
+        // SAFETY (caller): the C tiles of the run's blocks are at `c`; `acc` holds TILES × 16
+        // vectors. Tokens past `m` (up to the next four) read rows of C tiles that exist
+        // (1 KiB each) and clamped activation rows, and are never stored.
+        unsafe {
+            for t0 in (0..self.m).step_by(4) {
+                let tok: [usize; 4] = std::array::from_fn(|j| (t0 + j).min(self.m - 1));
+                let row: [*const u8; 4] = std::array::from_fn(|j| a.base.add(tok[j] * a.stride));
+                let mut v: [[__m512; 4]; TILES] =
+                    std::array::from_fn(|i| std::array::from_fn(|j| *acc.add(16 * i + tok[j])));
+                for wb in blocks.clone() {
+                    let r = wb - blocks.start;
+                    let blk = wb * G;
+                    let cr = c.add(c_stride * r + 64 * t0);
+                    let da: [[__m512; 4]; G] = std::array::from_fn(|k| {
+                        std::array::from_fn(|j| {
+                            let at = a.scales + step * (blk + k);
+                            _mm512_set1_ps(std::ptr::read_unaligned(row[j].add(at) as *const f32))
+                        })
+                    });
+                    for i in 0..tiles {
+                        let wd = _mm512_loadu_ps(d[r][i].as_ptr());
+                        for j in 0..4 {
+                            let ck = |k: usize| {
+                                let at = cr.add(4096 * k + 1024 * i + 64 * j);
+                                _mm512_cvtepi32_ps(_mm512_load_si512(at as *const __m512i))
+                            };
+                            let mut p = _mm512_mul_ps(ck(0), da[0][j]);
+                            for k in 1..G {
+                                p = _mm512_fmadd_ps(ck(k), da[k][j], p);
+                            }
+                            v[i][j] = _mm512_fmadd_ps(p, wd, v[i][j]);
+                        }
+                    }
+                }
+                for (i, v) in v.iter().enumerate() {
+                    for (j, v) in v.iter().enumerate().take(self.m - t0) {
+                        *acc.add(16 * i + t0 + j) = *v;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// C_i += A · B_i, B_i loaded from `b` into one of tmm5-7 (in turn, so that a load need not
+/// wait for the product before it).
+#[inline(always)]
+unsafe fn product(i: usize, b: *const u8) {
+    // SAFETY (caller): `b` holds a B operand of the configured shape.
+    unsafe {
+        macro_rules! tile {
+            ($c:literal, $b:literal) => {
+                asm!(concat!("tileloadd ", $b, ", [{b} + {s} * 1]"), concat!("tdpbssd ", $c, ", tmm4, ", $b),
+                     b = in(reg) b, s = in(reg) 64usize, options(nostack, readonly))
+            };
+        }
+        match i {
+            0 => tile!("tmm0", "tmm5"),
+            1 => tile!("tmm1", "tmm6"),
+            2 => tile!("tmm2", "tmm7"),
+            _ => tile!("tmm3", "tmm5"),
+        }
+    }
+}
