@@ -31,6 +31,39 @@ pub(crate) struct Table {
     pub round_f16: fn(&mut [f32]),
     pub gemm_nt: fn(&[f32], &[f32], usize, &mut [f32], usize),
     pub gemm_nn_acc: fn(&[f32], usize, &[f32], usize, &mut [f32]),
+    /// The same two products over rows in runs, f32 or IEEE halves read as they are (None:
+    /// each run taken alone, widened first if halves, which gives the same values).
+    pub gemm_nt_pages: Option<GemmNtPages>,
+    pub gemm_nn_acc_pages: Option<GemmNnAccPages>,
+}
+
+pub(crate) type GemmNtPages = fn(&[f32], Pages, usize, &mut [f32], usize);
+pub(crate) type GemmNnAccPages = fn(&[f32], usize, Pages, usize, &mut [f32]);
+
+/// Rows of keys or values in consecutive runs (the blocks of a paged cache): each run whole
+/// rows, all runs together the rows of a product.
+#[derive(Clone, Copy, Debug)]
+pub enum Pages<'a> {
+    F32(&'a [&'a [f32]]),
+    /// IEEE halves.
+    F16(&'a [&'a [u16]]),
+}
+
+impl Pages<'_> {
+    /// Values in all runs.
+    fn len(&self) -> usize {
+        match self {
+            Pages::F32(p) => p.iter().map(|r| r.len()).sum(),
+            Pages::F16(p) => p.iter().map(|r| r.len()).sum(),
+        }
+    }
+
+    fn runs_whole(&self, width: usize) -> bool {
+        match self {
+            Pages::F32(p) => p.iter().all(|r| r.len().is_multiple_of(width)),
+            Pages::F16(p) => p.iter().all(|r| r.len().is_multiple_of(width)),
+        }
+    }
 }
 
 /// A tier without a batch format of its own keeps the one the weights call for.
@@ -390,6 +423,52 @@ impl Kernels {
         assert!(m == 0 || (kk <= lda && (m - 1) * lda + kk <= a.len()), "gemm_nn_acc: weights too small");
         (self.table.gemm_nn_acc)(a, lda, b, n, out)
     }
+
+    /// [`Kernels::gemm_nt`] over rows of `b` in runs (the blocks of a paged cache, f32 or IEEE
+    /// halves) read where they lie: exactly the values of gathering and widening them first,
+    /// without writing them anywhere (attention with few queries is otherwise mostly that).
+    pub fn gemm_nt_pages(&self, a: &[f32], b: Pages, k: usize, out: &mut [f32], ldo: usize) {
+        let (m, n) = (a.len() / k.max(1), b.len() / k.max(1));
+        assert!(k > 0 && a.len() == m * k && b.runs_whole(k), "gemm_nt: rows are not whole");
+        assert!(m == 0 || (n <= ldo && (m - 1) * ldo + n <= out.len()), "gemm_nt: output too small");
+        if let Some(f) = self.table.gemm_nt_pages {
+            return f(a, b, k, out, ldo);
+        }
+        let mut j = 0;
+        self.each_run(b, |run| {
+            (self.table.gemm_nt)(a, run, k, &mut out[j..], ldo);
+            j += run.len() / k;
+        });
+    }
+
+    /// [`Kernels::gemm_nn_acc`] over rows of `b` in runs (see [`Kernels::gemm_nt_pages`]).
+    pub fn gemm_nn_acc_pages(&self, a: &[f32], lda: usize, b: Pages, n: usize, out: &mut [f32]) {
+        let (m, kk) = (out.len() / n.max(1), b.len() / n.max(1));
+        assert!(n > 0 && out.len() == m * n && b.runs_whole(n), "gemm_nn_acc: rows are not whole");
+        assert!(m == 0 || (kk <= lda && (m - 1) * lda + kk <= a.len()), "gemm_nn_acc: weights too small");
+        if let Some(f) = self.table.gemm_nn_acc_pages {
+            return f(a, lda, b, n, out);
+        }
+        let mut j = 0;
+        self.each_run(b, |run| {
+            (self.table.gemm_nn_acc)(&a[j..], lda, run, n, out);
+            j += run.len() / n;
+        });
+    }
+
+    /// Each run of `b` as f32 (halves widened into a per-thread buffer).
+    fn each_run(&self, b: Pages, mut f: impl FnMut(&[f32])) {
+        match b {
+            Pages::F32(runs) => runs.iter().for_each(|r| f(r)),
+            Pages::F16(runs) => WIDENED.with_borrow_mut(|w| {
+                for r in runs {
+                    w.resize(r.len(), 0.0);
+                    (self.table.f16_to_f32)(r, w);
+                    f(w);
+                }
+            }),
+        }
+    }
 }
 
 fn gcd(a: usize, b: usize) -> usize {
@@ -397,6 +476,8 @@ fn gcd(a: usize, b: usize) -> usize {
 }
 
 thread_local! {
+    /// Per thread: rows widened from halves for a tier without products that read halves.
+    static WIDENED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     /// Per thread: the gate and up products of the rows it computes (see `matmul_glu_acts`).
     static GLU_SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }

@@ -26,13 +26,30 @@ pub mod tier;
 mod x86;
 
 pub use act::{ActFormat, Acts};
-pub use dispatch::{BatchRounding, Kernels};
+pub use dispatch::{BatchRounding, Kernels, Pages};
 pub use matmul::MatRef;
 pub use pack::PackedMat;
 pub use pool::{PerThread, Pool};
 pub use tier::KernelTier;
 
 use onebit_gguf::GgmlType;
+
+/// Ask for the cache lines of `bytes` ahead of writing them. Stores to lines that are not in
+/// the cache complete one after another (each waits for its line), so scattered rows written
+/// cold (a KV cache's new positions) are much faster when their lines are requested together
+/// first. A hint: it changes no value, and does nothing where the CPU has no prefetch.
+#[inline]
+pub fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for off in (0..bytes.len()).step_by(64) {
+        // SAFETY: a prefetch of an address inside the slice; prefetches cannot fault.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(bytes.as_ptr().add(off) as *const i8)
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
 
 /// Errors from kernel entry points: a type or tier they cannot handle, or buffers of the wrong size.
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,7 @@
 
 use onebit_gguf::GgmlType;
 use onebit_kernels::formats::quantize;
-use onebit_kernels::{Acts, KernelTier, Kernels, MatRef, Pool};
+use onebit_kernels::{Acts, KernelTier, Kernels, MatRef, Pages, Pool};
 
 struct Rng(u64);
 
@@ -242,6 +242,54 @@ fn the_fused_gated_product_equals_its_parts() {
                 assert_eq!(fused.format(), want.format(), "{what}");
                 assert_eq!(fused.bytes(), want.bytes(), "{what}");
                 assert_eq!(fused.aux_bytes(), want.aux_bytes(), "{what}");
+            }
+        }
+    }
+}
+
+/// The attention products over rows in runs (a paged cache), f32 or halves read as they are,
+/// give exactly the products of the rows gathered and widened, on every tier.
+#[test]
+fn attention_products_over_runs_equal_those_over_gathered_rows() {
+    let mut rng = Rng(0xf16);
+    for tier in KernelTier::available() {
+        let k = Kernels::new(tier).unwrap();
+        for (m, d, runs) in [
+            (1, 128, vec![16, 16, 3]),
+            (2, 128, vec![16]),
+            (3, 64, vec![5]),
+            (8, 80, vec![16, 7]),
+            (17, 128, vec![16, 16, 16, 1]),
+        ] {
+            let n: usize = runs.iter().sum();
+            let q: Vec<f32> = (0..m * d).map(|_| rng.f32() * 4.0).collect();
+            let h: Vec<u16> = (0..n * d).map(|_| half::f16::from_f32(rng.f32() * 4.0).to_bits()).collect();
+            let mut wide = vec![0f32; n * d];
+            k.f16_to_f32(&h, &mut wide);
+            let mut at = 0;
+            let (mut hr, mut fr) = (Vec::new(), Vec::new());
+            for &len in &runs {
+                hr.push(&h[at * d..(at + len) * d]);
+                fr.push(&wide[at * d..(at + len) * d]);
+                at += len;
+            }
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            let ldo = n + 2;
+            let mut want = vec![0f32; m * ldo];
+            k.gemm_nt(&q, &wide, d, &mut want, ldo);
+            for pages in [Pages::F16(&hr), Pages::F32(&fr)] {
+                let mut got = vec![0f32; m * ldo];
+                k.gemm_nt_pages(&q, pages, d, &mut got, ldo);
+                assert_eq!(bits(&got), bits(&want), "{tier} gemm_nt_pages {m}x{n}x{d} {pages:?}");
+            }
+            let p: Vec<f32> = (0..m * ldo).map(|i| if i % 5 == 0 { 0.0 } else { rng.f32().abs() }).collect();
+            let init: Vec<f32> = (0..m * d).map(|_| rng.f32()).collect();
+            let mut want = init.clone();
+            k.gemm_nn_acc(&p, ldo, &wide, d, &mut want);
+            for pages in [Pages::F16(&hr), Pages::F32(&fr)] {
+                let mut got = init.clone();
+                k.gemm_nn_acc_pages(&p, ldo, pages, d, &mut got);
+                assert_eq!(bits(&got), bits(&want), "{tier} gemm_nn_acc_pages {m}x{n}x{d}");
             }
         }
     }

@@ -16,13 +16,15 @@
 
 use onebit_gguf::GgmlType;
 use onebit_kernels::formats::dequantize;
-use onebit_kernels::{Kernels, PerThread, Pool};
+use onebit_kernels::{Kernels, Pages, PerThread, Pool};
 
 use crate::config::Config;
 use crate::kv_cache::{BLOCK_TOKENS, KvPool, KvRow, KvType};
 
 /// Queries per unit to aim for (tokens × heads of a group).
 const UNIT_QUERIES: usize = 64;
+/// Units with fewer queries than this read the cache where it lies rather than widening it.
+const DIRECT_QUERIES: usize = 16;
 /// Cached rows widened at a time (a multiple of the pool's block).
 const ROW_BLOCK: usize = 64;
 const _: () = assert!(ROW_BLOCK.is_multiple_of(BLOCK_TOKENS));
@@ -121,11 +123,19 @@ impl Attention<'_> {
 
         sc.scores.resize(nq * seen_all, 0.0);
         sc.rows.resize(ROW_BLOCK * d.max(dv), 0.0);
-        for j0 in (0..seen_all).step_by(ROW_BLOCK) {
-            let n = (seen_all - j0).min(ROW_BLOCK);
-            let rows = &mut sc.rows[..n * d];
-            self.gather(table, j0, d, rows, |b| self.kv.keys(self.layer, b, u.group));
-            self.kernels.gemm_nt(&sc.q, rows, d, &mut sc.scores[j0..], seen_all);
+        // Few queries read each cached row once or twice: products read f16 or f32 blocks where
+        // they lie. Many queries share a widened copy. Either way every score gets the same bits.
+        let direct = nq < DIRECT_QUERIES && self.kv.kv_type() != KvType::Q8_0;
+        if direct {
+            let pages = self.pages(table, seen_all, d, |b| self.kv.keys(self.layer, b, u.group));
+            self.kernels.gemm_nt_pages(&sc.q, pages.as_pages(), d, &mut sc.scores, seen_all);
+        } else {
+            for j0 in (0..seen_all).step_by(ROW_BLOCK) {
+                let n = (seen_all - j0).min(ROW_BLOCK);
+                let rows = &mut sc.rows[..n * d];
+                self.gather(table, j0, d, rows, |b| self.kv.keys(self.layer, b, u.group));
+                self.kernels.gemm_nt(&sc.q, rows, d, &mut sc.scores[j0..], seen_all);
+            }
         }
 
         let scale = 1.0 / (d as f32).sqrt();
@@ -142,11 +152,16 @@ impl Attention<'_> {
 
         sc.out.clear();
         sc.out.resize(nq * dv, 0.0);
-        for j0 in (0..seen_all).step_by(ROW_BLOCK) {
-            let n = (seen_all - j0).min(ROW_BLOCK);
-            let rows = &mut sc.rows[..n * dv];
-            self.gather(table, j0, dv, rows, |b| self.kv.values(self.layer, b, u.group));
-            self.kernels.gemm_nn_acc(&sc.scores[j0..], seen_all, rows, dv, &mut sc.out);
+        if direct {
+            let pages = self.pages(table, seen_all, dv, |b| self.kv.values(self.layer, b, u.group));
+            self.kernels.gemm_nn_acc_pages(&sc.scores, seen_all, pages.as_pages(), dv, &mut sc.out);
+        } else {
+            for j0 in (0..seen_all).step_by(ROW_BLOCK) {
+                let n = (seen_all - j0).min(ROW_BLOCK);
+                let rows = &mut sc.rows[..n * dv];
+                self.gather(table, j0, dv, rows, |b| self.kv.values(self.layer, b, u.group));
+                self.kernels.gemm_nn_acc(&sc.scores[j0..], seen_all, rows, dv, &mut sc.out);
+            }
         }
 
         let width = c.n_heads * dv;
@@ -163,6 +178,21 @@ impl Attention<'_> {
 }
 
 impl Attention<'_> {
+    /// A sequence's rows `0..n` (keys or values of one head, `width` values each, as `page`
+    /// gives them for a block) as runs where they lie, one per block.
+    fn pages<'k>(&self, table: &[u32], n: usize, width: usize, page: impl Fn(usize) -> KvRow<'k>) -> Runs<'k> {
+        let mut runs = Runs::default();
+        for (i, &block) in table.iter().enumerate().take(n.div_ceil(BLOCK_TOKENS)) {
+            let len = (n - i * BLOCK_TOKENS).min(BLOCK_TOKENS) * width;
+            match page(block as usize) {
+                KvRow::F16(v) => runs.f16.push(&v[..len]),
+                KvRow::F32(v) => runs.f32.push(&v[..len]),
+                KvRow::Q8_0(_) => unreachable!("q8_0 rows are widened, not read in place"),
+            }
+        }
+        runs
+    }
+
     /// Rows `j0 .. j0 + dst.len() / width` of a sequence (keys or values of one head, as
     /// `page` gives them for a block), widened to f32 into `dst`.
     fn gather<'k>(&self, table: &[u32], j0: usize, width: usize, dst: &mut [f32], page: impl Fn(usize) -> KvRow<'k>) {
@@ -187,6 +217,19 @@ fn widen(kernels: Kernels, rows: KvRow, at: usize, dst: &mut [f32]) {
             let bytes = &v[at / 32 * 34..(at + dst.len()) / 32 * 34];
             dequantize(GgmlType::Q8_0, bytes, dst).expect("whole Q8_0 blocks of a checked cache");
         }
+    }
+}
+
+/// Runs of cached rows of one kind (the other list stays empty).
+#[derive(Default)]
+struct Runs<'k> {
+    f16: Vec<&'k [u16]>,
+    f32: Vec<&'k [f32]>,
+}
+
+impl Runs<'_> {
+    fn as_pages(&self) -> Pages<'_> {
+        if self.f16.is_empty() { Pages::F32(&self.f32) } else { Pages::F16(&self.f16) }
     }
 }
 

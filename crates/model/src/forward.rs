@@ -161,6 +161,16 @@ pub(crate) struct Net<'a> {
     pub pool: &'a Pool,
 }
 
+/// One token's share of [`Net::prepare_qkv`].
+struct TokenQkv<'a> {
+    q: &'a mut [f32],
+    k: &'a mut [f32],
+    v: &'a mut [f32],
+    rope: &'a RopeAngles,
+    block: usize,
+    slot: usize,
+}
+
 /// Per sequence of a batch: its block table (borrowed from the batch).
 type Tables<'a> = Vec<&'a [u32]>;
 
@@ -252,13 +262,7 @@ impl Net<'_> {
             &mut [q, kk, v],
             &mut sc.acts,
         )?;
-        for t in 0..n {
-            self.prepare_qkv(layer, t, sc);
-            let (s, pos) = sc.where_[t];
-            let (kt, vt) = (&sc.k[t * c.kv_dim()..(t + 1) * c.kv_dim()], &sc.v[t * c.v_dim()..(t + 1) * c.v_dim()]);
-            let block = tables[s][pos / BLOCK_TOKENS] as usize;
-            kv.write(self.kernels, l, block, pos % BLOCK_TOKENS, kt, vt);
-        }
+        self.prepare_qkv(l, layer, kv, tables, sc, n);
         self.attend(l, kv, tables, sc, n);
         let attn_dim = c.n_heads * c.value_dim;
         let out = &mut sc.xn[..n * c.hidden];
@@ -268,27 +272,51 @@ impl Net<'_> {
         Ok(())
     }
 
-    /// Biases, per-head q/k norms and RoPE for batch token `t`.
-    fn prepare_qkv(&self, layer: &Layer, t: usize, sc: &mut Scratch) {
+    /// Biases, per-head q/k norms and RoPE for every token of the batch, and its key and value
+    /// into its sequence's block: one token per thread at a time.
+    fn prepare_qkv(&self, l: usize, layer: &Layer, kv: &mut KvPool, tables: &Tables, sc: &mut Scratch, n: usize) {
         let c = self.config;
-        let q = &mut sc.q[t * c.q_dim()..(t + 1) * c.q_dim()];
-        let k = &mut sc.k[t * c.kv_dim()..(t + 1) * c.kv_dim()];
-        let v = &mut sc.v[t * c.v_dim()..(t + 1) * c.v_dim()];
-        for (x, b) in [(&mut *q, &layer.bq), (&mut *k, &layer.bk), (&mut *v, &layer.bv)] {
-            if let Some(b) = b {
-                add_into(x, b);
-            }
-        }
-        let mut tmp = [0f32; 1024];
-        for (x, norm) in [(&mut *q, &layer.q_norm), (&mut *k, &layer.k_norm)] {
-            for head in x.chunks_exact_mut(c.head_dim) {
-                if let Some(w) = norm {
-                    let tmp = &mut tmp[..c.head_dim];
-                    self.kernels.rms_norm(head, w, c.rms_eps, tmp);
-                    head.copy_from_slice(tmp);
+        let writer = kv.writer(l);
+        let mut tokens: Vec<TokenQkv> = sc.q[..n * c.q_dim()]
+            .chunks_exact_mut(c.q_dim())
+            .zip(sc.k.chunks_exact_mut(c.kv_dim()))
+            .zip(sc.v.chunks_exact_mut(c.v_dim()))
+            .zip(&sc.rope)
+            .zip(&sc.where_[..n])
+            .map(|((((q, k), v), rope), &(s, pos))| TokenQkv {
+                q,
+                k,
+                v,
+                rope,
+                block: tables[s][pos / BLOCK_TOKENS] as usize,
+                slot: pos % BLOCK_TOKENS,
+            })
+            .collect();
+        let prepare = |_: usize, t: &mut TokenQkv| {
+            for (x, b) in [(&mut *t.q, &layer.bq), (&mut *t.k, &layer.bk), (&mut *t.v, &layer.bv)] {
+                if let Some(b) = b {
+                    add_into(x, b);
                 }
-                sc.rope[t].apply(&c.rope, head);
             }
+            let mut tmp = [0f32; 1024];
+            for (x, norm) in [(&mut *t.q, &layer.q_norm), (&mut *t.k, &layer.k_norm)] {
+                for head in x.chunks_exact_mut(c.head_dim) {
+                    if let Some(w) = norm {
+                        let tmp = &mut tmp[..c.head_dim];
+                        self.kernels.rms_norm(head, w, c.rms_eps, tmp);
+                        head.copy_from_slice(tmp);
+                    }
+                    t.rope.apply(&c.rope, head);
+                }
+            }
+            // SAFETY: every token of a batch has its own position, so its own (block, slot).
+            unsafe { writer.write(self.kernels, t.block, t.slot, t.k, t.v) };
+        };
+        // A decode step's few tokens take less than handing them to the pool would.
+        if n < 16 {
+            tokens.iter_mut().for_each(|t| prepare(0, t));
+        } else {
+            self.pool.for_each_mut(&mut tokens, &prepare);
         }
     }
 

@@ -84,14 +84,6 @@ impl std::fmt::Display for KvType {
     }
 }
 
-/// One layer's keys or values for every block.
-enum Store {
-    F16(Vec<u16>),
-    F32(Vec<f32>),
-    /// Q8_0 blocks; offsets count values, so a value offset `o` is at byte `o / 32 * 34`.
-    Q8_0(Vec<u8>),
-}
-
 /// Borrowed cached rows of keys or values (consecutive positions of one head in one block).
 #[derive(Clone, Copy)]
 pub enum KvRow<'a> {
@@ -103,9 +95,15 @@ pub enum KvRow<'a> {
 const Q8_BLOCK_BYTES: usize = std::mem::size_of::<BlockQ8_0>();
 
 /// The blocks of keys and values every sequence of a model draws from.
+///
+/// One allocation holds them all, layer after layer (the keys of a layer, then its values):
+/// aligned to and advised for 2 MiB pages, so that pages touched for the first time while
+/// sequences decode cost one fault per 2 MiB rather than one per 4 KiB.
 pub struct KvPool {
-    keys: Vec<Store>,
-    values: Vec<Store>,
+    buf: PoolBuf,
+    /// Bytes of one layer's keys, and of its values.
+    k_bytes: usize,
+    v_bytes: usize,
     n_blocks: usize,
     n_kv_heads: usize,
     head_dim: usize,
@@ -134,24 +132,16 @@ impl KvPool {
             what: format!("a KV cache of {n_blocks} blocks of {BLOCK_TOKENS} positions"),
             bytes: (n_blocks as u128 * KvPool::block_bytes(config, kv_type) as u128).min(u64::MAX as u128) as u64,
         };
-        let per_block = |dim: usize| config.n_kv_heads * BLOCK_TOKENS * dim;
-        let alloc = |dim: usize| -> Result<Store, ModelError> {
-            let n = per_block(dim).checked_mul(n_blocks).ok_or_else(too_big)?;
-            Ok(match kv_type {
-                KvType::F16 => Store::F16(zeroed(n).ok_or_else(too_big)?),
-                KvType::F32 => Store::F32(zeroed(n).ok_or_else(too_big)?),
-                KvType::Q8_0 => Store::Q8_0(zeroed(n / 32 * Q8_BLOCK_BYTES).ok_or_else(too_big)?),
-            })
+        let layer = |dim: usize| {
+            (config.n_kv_heads * BLOCK_TOKENS * dim).checked_mul(n_blocks).map(|n| kv_type.bytes(n)).ok_or_else(too_big)
         };
-        let mut keys = Vec::with_capacity(config.n_layers);
-        let mut values = Vec::with_capacity(config.n_layers);
-        for _ in 0..config.n_layers {
-            keys.push(alloc(config.head_dim)?);
-            values.push(alloc(config.value_dim)?);
-        }
+        let (k_bytes, v_bytes) = (layer(config.head_dim)?, layer(config.value_dim)?);
+        let total = (k_bytes + v_bytes).checked_mul(config.n_layers).ok_or_else(too_big)?;
+        let buf = PoolBuf::zeroed(total).ok_or_else(too_big)?;
         Ok(KvPool {
-            keys,
-            values,
+            buf,
+            k_bytes,
+            v_bytes,
             n_blocks,
             n_kv_heads: config.n_kv_heads,
             head_dim: config.head_dim,
@@ -170,12 +160,12 @@ impl KvPool {
 
     /// Bytes the pool may grow to.
     pub fn capacity_bytes(&self) -> usize {
-        let per = |s: &Store| match s {
-            Store::F16(v) => v.len() * 2,
-            Store::F32(v) => v.len() * 4,
-            Store::Q8_0(v) => v.len(),
-        };
-        self.keys.iter().chain(&self.values).map(per).sum()
+        self.buf.len
+    }
+
+    /// Byte offset of layer `layer`'s keys (or values).
+    fn layer_at(&self, layer: usize, values: bool) -> usize {
+        layer * (self.k_bytes + self.v_bytes) + if values { self.k_bytes } else { 0 }
     }
 
     /// Value offset of `slot` of kv head `head` in `block`, for rows of `width`.
@@ -183,63 +173,205 @@ impl KvPool {
         ((block * self.n_kv_heads + head) * BLOCK_TOKENS + slot) * width
     }
 
-    /// Store the key and value of every kv head at `slot` of `block`
-    /// (k: `n_kv_heads × head_dim` values, v: `n_kv_heads × value_dim`).
-    pub(crate) fn write(&mut self, kernels: Kernels, layer: usize, block: usize, slot: usize, k: &[f32], v: &[f32]) {
-        for h in 0..self.n_kv_heads {
-            let ko = self.offset(block, h, slot, self.head_dim);
-            store(kernels, &mut self.keys[layer], ko, &k[h * self.head_dim..(h + 1) * self.head_dim]);
-            let vo = self.offset(block, h, slot, self.value_dim);
-            store(kernels, &mut self.values[layer], vo, &v[h * self.value_dim..(h + 1) * self.value_dim]);
+    /// `n` values from value offset `at` of the store starting at byte `base`.
+    fn view(&self, base: usize, at: usize, n: usize) -> KvRow<'_> {
+        let (start, len) = (base + self.kv_type.bytes(at), self.kv_type.bytes(n));
+        assert!(start + len <= self.buf.len, "a KV row past the end of the pool");
+        // SAFETY: inside the buffer (just checked), which holds initialized (zeroed) bytes; a
+        // shared borrow of the pool excludes writers.
+        let bytes = unsafe { std::slice::from_raw_parts(self.buf.ptr.add(start), len) };
+        match self.kv_type {
+            KvType::F16 => KvRow::F16(bytemuck::cast_slice(bytes)),
+            KvType::F32 => KvRow::F32(bytemuck::cast_slice(bytes)),
+            KvType::Q8_0 => KvRow::Q8_0(bytes),
         }
+    }
+
+    /// A handle that writes layer `layer`'s keys and values of several positions at once, from
+    /// several threads (each position is one (block, slot), written by one thread).
+    pub(crate) fn writer(&mut self, layer: usize) -> KvWriter<'_> {
+        let (ko, vo) = (self.layer_at(layer, false), self.layer_at(layer, true));
+        // SAFETY: both offsets lie inside the buffer (layer < n_layers); `&mut self` makes the
+        // writer the buffer's only user while it lives.
+        let (keys, values) = unsafe { (self.buf.ptr.add(ko), self.buf.ptr.add(vo)) };
+        KvWriter { keys, k_len: self.k_bytes, values, v_len: self.v_bytes, pool: self }
     }
 
     /// The keys of kv head `head` for every position of `block`.
     pub(crate) fn keys(&self, layer: usize, block: usize, head: usize) -> KvRow<'_> {
         let o = self.offset(block, head, 0, self.head_dim);
-        view(&self.keys[layer], o, BLOCK_TOKENS * self.head_dim)
+        self.view(self.layer_at(layer, false), o, BLOCK_TOKENS * self.head_dim)
     }
 
     pub(crate) fn values(&self, layer: usize, block: usize, head: usize) -> KvRow<'_> {
         let o = self.offset(block, head, 0, self.value_dim);
-        view(&self.values[layer], o, BLOCK_TOKENS * self.value_dim)
+        self.view(self.layer_at(layer, true), o, BLOCK_TOKENS * self.value_dim)
     }
 }
 
-/// `n` zeroed values from the allocator's zeroed pages (untouched until written), or `None`
-/// when the memory cannot be reserved.
-fn zeroed<T: bytemuck::Zeroable>(n: usize) -> Option<Vec<T>> {
-    if n == 0 {
-        return Some(Vec::new());
-    }
-    let layout = std::alloc::Layout::array::<T>(n).ok()?;
-    // SAFETY: the layout has a non-zero size; the allocation is checked for null below.
-    let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as *mut T;
-    if ptr.is_null() {
-        return None;
-    }
-    // SAFETY: `ptr` holds `n` values of `T` allocated by the global allocator with this layout,
-    // all zero, which is a valid `T` (`Zeroable`).
-    Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
+/// Writes into one layer of a [`KvPool`] from several threads (see [`KvPool::writer`]).
+pub(crate) struct KvWriter<'a> {
+    pool: &'a KvPool,
+    keys: *mut u8,
+    k_len: usize,
+    values: *mut u8,
+    v_len: usize,
 }
 
-fn store(kernels: Kernels, s: &mut Store, at: usize, x: &[f32]) {
-    match s {
-        Store::F16(v) => kernels.f32_to_f16(x, &mut v[at..at + x.len()]),
-        Store::F32(v) => v[at..at + x.len()].copy_from_slice(x),
-        Store::Q8_0(v) => {
-            let bytes = &mut v[at / 32 * Q8_BLOCK_BYTES..(at + x.len()) / 32 * Q8_BLOCK_BYTES];
-            quantize_q8_0_act(x, blocks_mut(bytes));
+// SAFETY: the writer holds the pool's exclusive borrow for its life; threads that share it
+// write disjoint positions (the contract of `write`), and read nothing through it.
+unsafe impl Sync for KvWriter<'_> {}
+
+impl KvWriter<'_> {
+    /// Store the key and value of every kv head at `slot` of `block`
+    /// (k: `n_kv_heads × head_dim` values, v: `n_kv_heads × value_dim`).
+    ///
+    /// # Safety
+    /// No other thread may write the same (block, slot) through this writer at the same time.
+    pub unsafe fn write(&self, kernels: Kernels, block: usize, slot: usize, k: &[f32], v: &[f32]) {
+        let p = self.pool;
+        let ty = p.kv_type;
+        let (d, dv) = (p.head_dim, p.value_dim);
+        // SAFETY (both loops): the offsets lie inside the layer's stores (asserted by `raw`); the
+        // caller guarantees nobody else writes this position's rows.
+        let rows = |h: usize| unsafe {
+            let k = raw(self.keys, self.k_len, ty, p.offset(block, h, slot, d), d);
+            let v = raw(self.values, self.v_len, ty, p.offset(block, h, slot, dv), dv);
+            (k, v)
+        };
+        // The rows are scattered and usually cold: request all their lines first.
+        for h in 0..p.n_kv_heads {
+            let (k, v) = rows(h);
+            onebit_kernels::prefetch(k);
+            onebit_kernels::prefetch(v);
+        }
+        for h in 0..p.n_kv_heads {
+            let (k_out, v_out) = rows(h);
+            store_raw(kernels, ty, k_out, &k[h * d..(h + 1) * d]);
+            store_raw(kernels, ty, v_out, &v[h * dv..(h + 1) * dv]);
         }
     }
 }
 
-fn view(s: &Store, at: usize, n: usize) -> KvRow<'_> {
-    match s {
-        Store::F16(v) => KvRow::F16(&v[at..at + n]),
-        Store::F32(v) => KvRow::F32(&v[at..at + n]),
-        Store::Q8_0(v) => KvRow::Q8_0(&v[at / 32 * Q8_BLOCK_BYTES..(at + n) / 32 * Q8_BLOCK_BYTES]),
+/// The bytes of `n` values at value offset `at` of a store of `len` bytes at `base`.
+///
+/// # Safety
+/// The returned slice must not overlap one that another thread uses.
+unsafe fn raw<'a>(base: *mut u8, len: usize, ty: KvType, at: usize, n: usize) -> &'a mut [u8] {
+    let (start, bytes) = (ty.bytes(at), ty.bytes(n));
+    assert!(start + bytes <= len, "a KV row past the end of its store");
+    // SAFETY: inside the store (just checked); exclusive by the caller's contract.
+    unsafe { std::slice::from_raw_parts_mut(base.add(start), bytes) }
+}
+
+fn store_raw(kernels: Kernels, ty: KvType, out: &mut [u8], x: &[f32]) {
+    match ty {
+        KvType::F16 => kernels.f32_to_f16(x, bytemuck::cast_slice_mut(out)),
+        KvType::F32 => out.copy_from_slice(bytemuck::cast_slice(x)),
+        KvType::Q8_0 => quantize_q8_0_act(x, blocks_mut(out)),
     }
+}
+
+/// The pool's bytes: zeroed, 2 MiB aligned, untouched until written.
+struct PoolBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: a plain owned buffer; access goes through `KvPool`'s borrows.
+unsafe impl Send for PoolBuf {}
+unsafe impl Sync for PoolBuf {}
+
+const HUGE_PAGE: usize = 2 << 20;
+
+impl PoolBuf {
+    /// `len` zeroed bytes, reserved from the OS but not touched, or `None` when they cannot be
+    /// reserved.
+    #[cfg(unix)]
+    fn zeroed(len: usize) -> Option<PoolBuf> {
+        if len == 0 {
+            return Some(PoolBuf { ptr: std::ptr::NonNull::<u64>::dangling().as_ptr() as *mut u8, len });
+        }
+        // Anonymous pages come zeroed and are backed only when touched. Map 2 MiB more than
+        // needed, then give back what lies outside the first 2 MiB-aligned `len` bytes.
+        let map_len = len.checked_add(HUGE_PAGE)?;
+        // SAFETY: a fresh private anonymous mapping; the result is checked below.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return None;
+        }
+        let start = (base as usize).next_multiple_of(HUGE_PAGE);
+        let (head, tail) = (start - base as usize, base as usize + map_len - (start + len));
+        // SAFETY: both ranges lie inside the mapping just made and outside the part we keep.
+        unsafe {
+            if head > 0 {
+                libc::munmap(base, head);
+            }
+            if tail > 0 {
+                libc::munmap((start + len) as *mut libc::c_void, tail);
+            }
+        }
+        let ptr = start as *mut u8;
+        huge_pages(ptr, len);
+        Some(PoolBuf { ptr, len })
+    }
+
+    #[cfg(not(unix))]
+    fn zeroed(len: usize) -> Option<PoolBuf> {
+        if len == 0 {
+            return Some(PoolBuf { ptr: std::ptr::NonNull::<u64>::dangling().as_ptr() as *mut u8, len });
+        }
+        let layout = std::alloc::Layout::from_size_align(len, 64).ok()?;
+        // SAFETY: the layout has a non-zero size; the allocation is checked for null below.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        (!ptr.is_null()).then_some(PoolBuf { ptr, len })
+    }
+}
+
+impl Drop for PoolBuf {
+    fn drop(&mut self) {
+        if self.len == 0 {
+            return;
+        }
+        // SAFETY: the mapping (or allocation) made in `zeroed`, with this length.
+        #[cfg(unix)]
+        unsafe {
+            libc::munmap(self.ptr as *mut libc::c_void, self.len);
+        }
+        #[cfg(not(unix))]
+        unsafe {
+            std::alloc::dealloc(self.ptr, std::alloc::Layout::from_size_align_unchecked(self.len, 64))
+        };
+    }
+}
+
+/// Ask for transparent huge pages on a fresh, untouched allocation: a pool's pages are first
+/// touched while sequences decode, and with 4 KiB pages each new block costs dozens of page
+/// faults (expensive in a VM); with 2 MiB pages it costs one every few hundred blocks.
+fn huge_pages(ptr: *mut u8, len: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        let start = (ptr as usize).next_multiple_of(HUGE_PAGE);
+        let end = (ptr as usize + len) / HUGE_PAGE * HUGE_PAGE;
+        if end > start {
+            // SAFETY: the range lies inside an allocation we own and have not handed out; the
+            // advice changes how it is backed, not its contents (still zero).
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (ptr, len);
 }
 
 /// One sequence alone: a private pool with room for `capacity` positions, and how many are

@@ -40,10 +40,12 @@ impl RopeAngles {
                 }
             }
             RopeStyle::Neox => {
-                for i in 0..half {
-                    let (x0, x1) = (x[i], x[i + half]);
-                    x[i] = x0 * self.cos[i] - x1 * self.sin[i];
-                    x[i + half] = x0 * self.sin[i] + x1 * self.cos[i];
+                // Halves split and zipped, so that the compiler vectorizes the loop.
+                let (lo, hi) = x[..2 * half].split_at_mut(half);
+                for (((a, b), &c), &s) in lo.iter_mut().zip(hi.iter_mut()).zip(&self.cos).zip(&self.sin) {
+                    let (x0, x1) = (*a, *b);
+                    *a = x0 * c - x1 * s;
+                    *b = x0 * s + x1 * c;
                 }
             }
         }

@@ -22,4 +22,6 @@ pub(crate) static TABLE: Table = Table {
     round_f16: ops::round_f16,
     gemm_nt: ops::gemm_nt,
     gemm_nn_acc: ops::gemm_nn_acc,
+    gemm_nt_pages: None,
+    gemm_nn_acc_pages: None,
 };

@@ -27,6 +27,8 @@ pub(crate) const TABLE: Table = Table {
     round_f16: scalar::ops::round_f16,
     gemm_nt: ops::gemm_nt,
     gemm_nn_acc: ops::gemm_nn_acc,
+    gemm_nt_pages: None,
+    gemm_nn_acc_pages: None,
 };
 
 /// `acc + Σ` of four byte products per 32-bit lane (`sdot`; its intrinsic is not stable yet).

@@ -31,6 +31,8 @@ pub(crate) const TABLE: Table = Table {
     round_f16: ops::round_f16,
     gemm_nt: ops::gemm_nt,
     gemm_nn_acc: ops::gemm_nn_acc,
+    gemm_nt_pages: None,
+    gemm_nn_acc_pages: None,
 };
 
 /// Quantize one activation row, bit for bit as the reference does.

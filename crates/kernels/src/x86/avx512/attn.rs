@@ -1,7 +1,10 @@
-//! AVX-512 block products for attention: scores `Q·Kᵀ` and weighted values `P·V` over a block
-//! of cached rows already widened to f32, and the f16 → f32 widening itself.
+//! AVX-512 block products for attention: scores `Q·Kᵀ` and weighted values `P·V` over cached
+//! rows (f32, or IEEE halves widened in the register, in runs of a paged cache), and the
+//! f16 → f32 widening itself.
 
 use std::arch::x86_64::*;
+
+use crate::dispatch::Pages;
 
 #[inline(always)]
 fn mask(n: usize) -> __mmask16 {
@@ -57,6 +60,43 @@ fn round_f16_impl(x: &mut [f32]) {
     }
 }
 
+/// An element of the keys or values the block products read: f32, or an IEEE half widened in
+/// the register (the same value, so the same products as widening to f32 first).
+pub(super) trait Elem: Copy {
+    /// The lanes of `m` from `p`, as f32 (zero elsewhere).
+    ///
+    /// # Safety
+    /// The lanes of `m` must lie inside one slice; AVX-512 F must be present.
+    unsafe fn load(p: *const Self, m: __mmask16) -> __m512;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    unsafe fn load(p: *const f32, m: __mmask16) -> __m512 {
+        // SAFETY (caller).
+        unsafe { _mm512_maskz_loadu_ps(m, p) }
+    }
+}
+
+impl Elem for u16 {
+    #[inline(always)]
+    unsafe fn load(p: *const u16, m: __mmask16) -> __m512 {
+        // SAFETY (caller); F16C comes with every AVX-512 CPU this tier runs on.
+        unsafe { _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p as *const i16)) }
+    }
+}
+
+/// Ask for a run of cached rows before it is needed: runs are blocks scattered over the pool,
+/// each too short for the hardware prefetcher to find on its own.
+#[inline(always)]
+fn prefetch<B>(run: &[B]) {
+    let (p, bytes) = (run.as_ptr() as *const i8, std::mem::size_of_val(run));
+    for off in (0..bytes).step_by(64) {
+        // SAFETY: a prefetch of an address inside the run; it cannot fault.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off)) };
+    }
+}
+
 /// `out[i·ldo + j] = a_i · b_j` (rows of `k`).
 ///
 /// Every output takes one recipe, whatever the shape and whichever rows come with it (a
@@ -65,23 +105,35 @@ fn round_f16_impl(x: &mut [f32]) {
 /// zero-padded), and the 16 lanes are then added by the fixed tree of [`hsum16`]. Blocks of R
 /// rows of `a` × C rows of `b` (R·C = 16 accumulators, or 15) share their loads, and their 16
 /// sums come out of one tree.
-#[target_feature(enable = "avx512f")]
-fn gemm_nt_impl(a: &[f32], b: &[f32], k: usize, out: &mut [f32], ldo: usize) {
-    let (m, n) = (a.len() / k, b.len() / k);
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+///
+/// The rows of `b` come as consecutive runs (`pages`: the blocks of a paged cache), each whole
+/// rows of `k`; column j of `out` is the j-th row over all runs.
+fn gemm_nt_impl<B: Elem>(a: &[f32], pages: &[&[B]], k: usize, out: &mut [f32], ldo: usize) {
+    let m = a.len() / k;
+    let n: usize = pages.iter().map(|p| p.len() / k).sum();
     let mut i = 0;
     while i < m {
         let r = (m - i).min(4);
         assert!((i + r) * k <= a.len() && (i + r - 1) * ldo + n <= out.len());
-        // SAFETY: rows i..i + r of `a`, and of `out` up to column n, lie inside them (just
-        // checked); `block` reads rows of `b` below n and writes columns below n.
-        unsafe {
-            let (pa, po) = (a.as_ptr().add(i * k), out.as_mut_ptr().add(i * ldo));
-            match r {
-                4 => cols::<4, 4>(pa, b, n, k, po, ldo),
-                3 => cols::<3, 5>(pa, b, n, k, po, ldo),
-                2 => cols::<2, 8>(pa, b, n, k, po, ldo),
-                _ => cols::<1, 16>(pa, b, n, k, po, ldo),
+        let mut j = 0;
+        for (pi, b) in pages.iter().enumerate() {
+            if let Some(next) = pages.get(pi + 1) {
+                prefetch(next);
             }
+            let pn = b.len() / k;
+            // SAFETY: rows i..i + r of `a`, and of `out` up to column n, lie inside them (just
+            // checked); `cols` reads the run's rows and writes its columns j..j + pn < n.
+            unsafe {
+                let (pa, po) = (a.as_ptr().add(i * k), out.as_mut_ptr().add(i * ldo + j));
+                match r {
+                    4 => cols::<B, 4, 4>(pa, b, pn, k, po, ldo),
+                    3 => cols::<B, 3, 5>(pa, b, pn, k, po, ldo),
+                    2 => cols::<B, 2, 8>(pa, b, pn, k, po, ldo),
+                    _ => cols::<B, 1, 16>(pa, b, pn, k, po, ldo),
+                }
+            }
+            j += pn;
         }
         i += r;
     }
@@ -89,9 +141,9 @@ fn gemm_nt_impl(a: &[f32], b: &[f32], k: usize, out: &mut [f32], ldo: usize) {
 
 /// `R` rows of `a` (at `a`, `k` apart) against every row of `b`, `C` at a time.
 #[inline(always)]
-unsafe fn cols<const R: usize, const C: usize>(
+unsafe fn cols<B: Elem, const R: usize, const C: usize>(
     a: *const f32,
-    b: &[f32],
+    b: &[B],
     n: usize,
     k: usize,
     out: *mut f32,
@@ -102,8 +154,8 @@ unsafe fn cols<const R: usize, const C: usize>(
         let c = (n - j).min(C);
         // SAFETY (caller): as for `block`; the last block repeats row n - 1 past the end.
         unsafe {
-            let rows: [*const f32; C] = std::array::from_fn(|q| b.as_ptr().add((j + q.min(c - 1)) * k));
-            block::<R, C>(a, &rows, k, out.add(j), ldo, c);
+            let rows: [*const B; C] = std::array::from_fn(|q| b.as_ptr().add((j + q.min(c - 1)) * k));
+            block::<B, R, C>(a, &rows, k, out.add(j), ldo, c);
         }
         j += C;
     }
@@ -111,9 +163,9 @@ unsafe fn cols<const R: usize, const C: usize>(
 
 /// The R × C dots of rows `a + r·k` with `rows[q]`, stored at `out + r·ldo + q` for q < `c`.
 #[inline(always)]
-unsafe fn block<const R: usize, const C: usize>(
+unsafe fn block<B: Elem, const R: usize, const C: usize>(
     a: *const f32,
-    rows: &[*const f32; C],
+    rows: &[*const B; C],
     k: usize,
     out: *mut f32,
     ldo: usize,
@@ -148,10 +200,10 @@ unsafe fn block<const R: usize, const C: usize>(
 
 /// One chunk of 16 values (the lanes in `m`) into the R × C accumulators.
 #[inline(always)]
-unsafe fn chunk<const R: usize, const C: usize>(
+unsafe fn chunk<B: Elem, const R: usize, const C: usize>(
     acc: &mut [[__m512; C]; R],
     a: *const f32,
-    rows: &[*const f32; C],
+    rows: &[*const B; C],
     k: usize,
     d: usize,
     m: __mmask16,
@@ -160,7 +212,7 @@ unsafe fn chunk<const R: usize, const C: usize>(
     unsafe {
         let av: [__m512; R] = std::array::from_fn(|r| _mm512_maskz_loadu_ps(m, a.add(r * k + d)));
         for q in 0..C {
-            let bv = _mm512_maskz_loadu_ps(m, rows[q].add(d));
+            let bv = B::load(rows[q].add(d), m);
             for r in 0..R {
                 acc[r][q] = _mm512_fmadd_ps(av[r], bv, acc[r][q]);
             }
@@ -197,9 +249,12 @@ unsafe fn hsum16(v: &[__m512; 16]) -> __m512 {
 
 /// `out_i += Σ_j a[i·lda + j] · b_j` for rows `b_j` of `n` values (`out` is m × n). Three
 /// output rows at a time share each loaded row of `b`.
-#[target_feature(enable = "avx512f")]
-fn gemm_nn_acc_impl(a: &[f32], lda: usize, b: &[f32], n: usize, out: &mut [f32]) {
-    let (m, kk) = (out.len() / n, b.len() / n);
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+///
+/// The rows of `b` come as consecutive runs (`pages`), as for [`gemm_nt_impl`].
+fn gemm_nn_acc_impl<B: Elem>(a: &[f32], lda: usize, pages: &[&[B]], n: usize, out: &mut [f32]) {
+    let m = out.len() / n;
+    let kk: usize = pages.iter().map(|p| p.len() / n).sum();
     let mut i = 0;
     while i < m {
         let r = (m - i).min(3);
@@ -211,9 +266,9 @@ fn gemm_nn_acc_impl(a: &[f32], lda: usize, b: &[f32], n: usize, out: &mut [f32])
             unsafe {
                 let (pa, po) = (a.as_ptr().add(i * lda), out.as_mut_ptr().add(i * n));
                 match r {
-                    3 => acc_rows::<3>(pa, lda, kk, b, n, c0, width, po),
-                    2 => acc_rows::<2>(pa, lda, kk, b, n, c0, width, po),
-                    _ => acc_rows::<1>(pa, lda, kk, b, n, c0, width, po),
+                    3 => acc_rows::<B, 3>(pa, lda, pages, n, c0, width, po),
+                    2 => acc_rows::<B, 2>(pa, lda, pages, n, c0, width, po),
+                    _ => acc_rows::<B, 1>(pa, lda, pages, n, c0, width, po),
                 }
             }
         }
@@ -222,14 +277,13 @@ fn gemm_nn_acc_impl(a: &[f32], lda: usize, b: &[f32], n: usize, out: &mut [f32])
 }
 
 /// `R` output rows (at `o`, `n` apart) of columns `c0 .. c0 + width`, their weights at `p`
-/// (`lda` apart, `kk` each).
+/// (`lda` apart, one per row of the runs).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn acc_rows<const R: usize>(
+unsafe fn acc_rows<B: Elem, const R: usize>(
     p: *const f32,
     lda: usize,
-    kk: usize,
-    b: &[f32],
+    pages: &[&[B]],
     n: usize,
     c0: usize,
     width: usize,
@@ -238,14 +292,14 @@ unsafe fn acc_rows<const R: usize>(
     // SAFETY (caller): as for `acc_cols`.
     unsafe {
         match width.div_ceil(16) {
-            8 => acc_cols::<8, R>(p, lda, kk, b, n, c0, width, o),
-            7 => acc_cols::<7, R>(p, lda, kk, b, n, c0, width, o),
-            6 => acc_cols::<6, R>(p, lda, kk, b, n, c0, width, o),
-            5 => acc_cols::<5, R>(p, lda, kk, b, n, c0, width, o),
-            4 => acc_cols::<4, R>(p, lda, kk, b, n, c0, width, o),
-            3 => acc_cols::<3, R>(p, lda, kk, b, n, c0, width, o),
-            2 => acc_cols::<2, R>(p, lda, kk, b, n, c0, width, o),
-            _ => acc_cols::<1, R>(p, lda, kk, b, n, c0, width, o),
+            8 => acc_cols::<B, 8, R>(p, lda, pages, n, c0, width, o),
+            7 => acc_cols::<B, 7, R>(p, lda, pages, n, c0, width, o),
+            6 => acc_cols::<B, 6, R>(p, lda, pages, n, c0, width, o),
+            5 => acc_cols::<B, 5, R>(p, lda, pages, n, c0, width, o),
+            4 => acc_cols::<B, 4, R>(p, lda, pages, n, c0, width, o),
+            3 => acc_cols::<B, 3, R>(p, lda, pages, n, c0, width, o),
+            2 => acc_cols::<B, 2, R>(p, lda, pages, n, c0, width, o),
+            _ => acc_cols::<B, 1, R>(p, lda, pages, n, c0, width, o),
         }
     }
 }
@@ -255,11 +309,10 @@ unsafe fn acc_rows<const R: usize>(
 /// weights, in order (rows all weighted 0 are skipped altogether: the causal tail).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn acc_cols<const V: usize, const R: usize>(
+unsafe fn acc_cols<B: Elem, const V: usize, const R: usize>(
     p: *const f32,
     lda: usize,
-    kk: usize,
-    b: &[f32],
+    pages: &[&[B]],
     n: usize,
     c0: usize,
     width: usize,
@@ -268,32 +321,39 @@ unsafe fn acc_cols<const V: usize, const R: usize>(
     unsafe {
         // Every vector but the last is whole.
         let last = mask(width - 16 * (V - 1));
-        let load = |row: *const f32, v: usize| {
-            if v + 1 < V { _mm512_loadu_ps(row.add(16 * v)) } else { _mm512_maskz_loadu_ps(last, row.add(16 * v)) }
-        };
-        let mut acc: [[__m512; V]; R] = std::array::from_fn(|r| std::array::from_fn(|v| load(o.add(r * n + c0), v)));
-        for j in 0..kk {
-            let w: [f32; R] = std::array::from_fn(|r| *p.add(r * lda + j));
-            let zeros = w.iter().filter(|&&w| w == 0.0).count();
-            if zeros == R {
-                continue;
+        let lanes = |v: usize| if v + 1 < V { 0xffff } else { last };
+        let load = |row: *const B, v: usize| B::load(row.add(16 * v), lanes(v));
+        let mut acc: [[__m512; V]; R] =
+            std::array::from_fn(|r| std::array::from_fn(|v| f32::load(o.add(r * n + c0 + 16 * v), lanes(v))));
+        let mut j = 0;
+        for (pi, b) in pages.iter().enumerate() {
+            if let Some(next) = pages.get(pi + 1) {
+                prefetch(next);
             }
-            let wv: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(w[r]));
-            let row = b.as_ptr().add(j * n + c0);
-            if zeros == 0 {
-                for v in 0..V {
-                    let x = load(row, v);
-                    for r in 0..R {
-                        acc[r][v] = _mm512_fmadd_ps(wv[r], x, acc[r][v]);
-                    }
+            for jl in 0..b.len() / n {
+                let w: [f32; R] = std::array::from_fn(|r| *p.add(r * lda + j));
+                j += 1;
+                let zeros = w.iter().filter(|&&w| w == 0.0).count();
+                if zeros == R {
+                    continue;
                 }
-            } else {
-                // A row skips its own zero weights only, whatever the rows beside it: adding
-                // 0·x could still turn a -0 sum into +0.
-                for r in 0..R {
-                    if w[r] != 0.0 {
-                        for v in 0..V {
-                            acc[r][v] = _mm512_fmadd_ps(wv[r], load(row, v), acc[r][v]);
+                let wv: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(w[r]));
+                let row = b.as_ptr().add(jl * n + c0);
+                if zeros == 0 {
+                    for v in 0..V {
+                        let x = load(row, v);
+                        for r in 0..R {
+                            acc[r][v] = _mm512_fmadd_ps(wv[r], x, acc[r][v]);
+                        }
+                    }
+                } else {
+                    // A row skips its own zero weights only, whatever the rows beside it: adding
+                    // 0·x could still turn a -0 sum into +0.
+                    for r in 0..R {
+                        if w[r] != 0.0 {
+                            for v in 0..V {
+                                acc[r][v] = _mm512_fmadd_ps(wv[r], load(row, v), acc[r][v]);
+                            }
                         }
                     }
                 }
@@ -324,8 +384,20 @@ pub(crate) fn round_f16(x: &mut [f32]) {
     unsafe { round_f16_impl(x) }
 }
 pub(crate) fn gemm_nt(a: &[f32], b: &[f32], k: usize, out: &mut [f32], ldo: usize) {
-    unsafe { gemm_nt_impl(a, b, k, out, ldo) }
+    unsafe { gemm_nt_impl(a, &[b], k, out, ldo) }
 }
 pub(crate) fn gemm_nn_acc(a: &[f32], lda: usize, b: &[f32], n: usize, out: &mut [f32]) {
-    unsafe { gemm_nn_acc_impl(a, lda, b, n, out) }
+    unsafe { gemm_nn_acc_impl(a, lda, &[b], n, out) }
+}
+pub(crate) fn gemm_nt_pages(a: &[f32], pages: Pages, k: usize, out: &mut [f32], ldo: usize) {
+    match pages {
+        Pages::F32(p) => unsafe { gemm_nt_impl(a, p, k, out, ldo) },
+        Pages::F16(p) => unsafe { gemm_nt_impl(a, p, k, out, ldo) },
+    }
+}
+pub(crate) fn gemm_nn_acc_pages(a: &[f32], lda: usize, pages: Pages, n: usize, out: &mut [f32]) {
+    match pages {
+        Pages::F32(p) => unsafe { gemm_nn_acc_impl(a, lda, p, n, out) },
+        Pages::F16(p) => unsafe { gemm_nn_acc_impl(a, lda, p, n, out) },
+    }
 }

@@ -37,6 +37,8 @@ pub(crate) const TABLE: Table = Table {
     round_f16: attn::round_f16,
     gemm_nt: attn::gemm_nt,
     gemm_nn_acc: attn::gemm_nn_acc,
+    gemm_nt_pages: Some(attn::gemm_nt_pages),
+    gemm_nn_acc_pages: Some(attn::gemm_nn_acc_pages),
 };
 
 pub(crate) fn row_kernel(ty: GgmlType) -> Option<RowKernel> {
