@@ -6,15 +6,9 @@ use onebit_kernels::act::{ActFormat, quantize_row_ref};
 use onebit_kernels::formats::{BlockQ4_1, BlockQ5_1, BlockQ8_1, blocks, dequantize, f16_to_f32, quantize};
 use onebit_kernels::scalar::dot::dot_fn;
 
-struct Rng(u64);
-impl Rng {
-    fn f32(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
+mod common;
+
+use common::Rng;
 
 const TYPES: &[GgmlType] = &[
     GgmlType::F32,

@@ -3,60 +3,17 @@
 //! 1e-5 of the sum of |terms| (the integer parts are exact; only f32 summation order differs).
 
 use onebit_gguf::GgmlType;
-use onebit_kernels::formats::quantize;
 use onebit_kernels::{Acts, KernelTier, Kernels, MatRef, Pages, Pool};
 
-struct Rng(u64);
+mod common;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn f32(&mut self) -> f32 {
-        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
-
-const MATMUL_TYPES: &[GgmlType] = &[
-    GgmlType::Q1_0,
-    GgmlType::Q2_0,
-    GgmlType::TQ1_0,
-    GgmlType::TQ2_0,
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::F32,
-];
+use common::{MATMUL_TYPES, Rng, weights};
 
 fn simd_tiers() -> Vec<KernelTier> {
     KernelTier::available().into_iter().filter(|&t| t != KernelTier::Scalar).collect()
 }
 
 /// Random weights of `ty` (`rows` × `cols`), with per-row magnitudes from 1e-3 to 1e3.
-fn weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
-    let row_bytes = ty.bytes_for(cols as u64).unwrap() as usize;
-    let mut data = vec![0u8; rows * row_bytes];
-    for r in 0..rows {
-        let scale = [1e-3f32, 0.5, 1.0, 7.0, 1e3][r % 5];
-        let x: Vec<f32> = (0..cols).map(|_| rng.f32() * scale).collect();
-        quantize(ty, &x, &mut data[r * row_bytes..(r + 1) * row_bytes]).unwrap();
-    }
-    data
-}
-
 fn check_matmul(tier: KernelTier, ty: GgmlType, rows: usize, cols: usize, tokens: usize, rng: &mut Rng) {
     let (simd, scalar) = (Kernels::new(tier).unwrap(), Kernels::new(KernelTier::Scalar).unwrap());
     let pool = Pool::new(2);

@@ -317,6 +317,7 @@ fn gemm(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
     }
 }
 
+/// The 64-byte tile configuration that `ldtilecfg` reads (palette 1).
 #[repr(C, align(64))]
 struct TileConfig {
     palette: u8,

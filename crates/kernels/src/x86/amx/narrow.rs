@@ -22,6 +22,7 @@ use std::ops::Range;
 use onebit_gguf::GgmlType;
 
 use super::Geometry;
+use super::TileConfig;
 use super::expand::{BTiles, Q1_COLUMNS, b_tile_bytes, expand_b};
 use crate::act::{ActFormat, Acts, AlignedBuf};
 use crate::matmul::{MatRef, OutPtr};
@@ -29,15 +30,6 @@ use crate::x86::Planar;
 
 /// Weight tiles per pass (16 rows each).
 const TILES: usize = 4;
-
-#[repr(C, align(64))]
-struct TileConfig {
-    palette: u8,
-    start_row: u8,
-    reserved: [u8; 14],
-    colsb: [u16; 16],
-    rows: [u8; 16],
-}
 
 /// tmm0-3: C, M × 16 i32. tmm4: A, M tokens × `colsb` bytes. tmm5-7: B, `colsb / 4` rows × 64
 /// bytes (16 weight rows × 4 values), taken in turn by the weight tiles.
