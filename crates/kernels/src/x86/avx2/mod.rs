@@ -2,6 +2,7 @@
 //! 1-bit and legacy types, the activation quantizer, and every vector operation, eight lanes
 //! wide. Types without an AVX2 kernel use the scalar reference.
 
+mod legacy;
 mod matmul;
 mod ops;
 

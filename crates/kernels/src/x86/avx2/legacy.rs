@@ -1,0 +1,295 @@
+//! AVX2 product of the packed Q4_0/Q4_1/Q8_0 layout ([`crate::pack::pack_legacy`]): 16 rows
+//! per group, rows 0-7 and 8-15 in the eight lanes of the two 32-byte halves of each packed
+//! vector. A block's weights are unpacked once for a tile of up to four tokens, which is what
+//! makes several tokens cheaper than that many single ones.
+//!
+//! Every token's result is the same bits whatever tile it is in: the integer sums are exact,
+//! and the float steps per row (scale, offset, accumulate over blocks in order) do not depend
+//! on the tile. 8-bit products use AVX-VNNI where the CPU has it, else `vpmaddubsw`; for the
+//! 4-bit types its 16-bit pair sums of a whole block stay below 8 · 2 · 15 · 127 = 30480, so
+//! they are added as 16-bit values and widened once per block.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use onebit_gguf::GgmlType;
+
+use crate::act::Acts;
+use crate::matmul::OutPtr;
+use crate::pack::{LEGACY_GROUP, PackedMat, legacy_layout};
+use crate::x86::{PlanarRow, planar_row};
+
+/// Tokens whose products share one unpacking of the weights.
+const TILE: usize = 4;
+
+const Q4_0: u8 = 0;
+const Q4_1: u8 = 1;
+const Q8_0: u8 = 2;
+
+/// Results of one group for a tile of tokens: `[token][row]`.
+type TileOut = [[f32; LEGACY_GROUP]; TILE];
+
+fn has_vnni() -> bool {
+    is_x86_feature_detected!("avxvnni")
+}
+
+pub(super) fn packed(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr) {
+    let nb = p.cols / 32;
+    let vnni = has_vnni();
+    let n = acts.rows();
+    for g in rows.start / LEGACY_GROUP..rows.end.div_ceil(LEGACY_GROUP) {
+        let data = p.group(g);
+        for t0 in (0..n).step_by(TILE) {
+            let tile = (n - t0).min(TILE);
+            let a: [PlanarRow; TILE] = std::array::from_fn(|i| planar_row(acts, t0 + i.min(tile - 1)));
+            // SAFETY: the AVX2 table is handed out only on AVX2 CPUs; AVX-VNNI only when present.
+            let res = unsafe { tile_product(vnni, p.ty, tile, data, nb, &a) };
+            for (i, res) in res.iter().take(tile).enumerate() {
+                for (r, &v) in res.iter().enumerate() {
+                    let row = g * LEGACY_GROUP + r;
+                    if row >= rows.end {
+                        break;
+                    }
+                    // SAFETY: this call owns rows `rows` of the output.
+                    unsafe { out.write(t0 + i, row, v) };
+                }
+            }
+        }
+    }
+}
+
+/// One group against the first `tile` tokens of `a`.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be present, and AVX-VNNI when `vnni`.
+unsafe fn tile_product(
+    vnni: bool,
+    ty: GgmlType,
+    tile: usize,
+    data: &[u8],
+    nb: usize,
+    a: &[PlanarRow; TILE],
+) -> TileOut {
+    let kind = match ty {
+        GgmlType::Q4_0 => Q4_0,
+        GgmlType::Q4_1 => Q4_1,
+        GgmlType::Q8_0 => Q8_0,
+        _ => unreachable!("only Q4_0, Q4_1 and Q8_0 are packed this way"),
+    };
+    macro_rules! tiles {
+        ($vnni:literal, $kind:expr) => {
+            match tile {
+                1 => by_features::<$vnni, { $kind }, 1>(data, nb, a),
+                2 => by_features::<$vnni, { $kind }, 2>(data, nb, a),
+                3 => by_features::<$vnni, { $kind }, 3>(data, nb, a),
+                _ => by_features::<$vnni, { $kind }, 4>(data, nb, a),
+            }
+        };
+    }
+    // SAFETY (caller): the features each variant enables are present.
+    unsafe {
+        match (vnni, kind) {
+            (true, Q4_0) => tiles!(true, Q4_0),
+            (true, Q4_1) => tiles!(true, Q4_1),
+            (true, _) => tiles!(true, Q8_0),
+            (false, Q4_0) => tiles!(false, Q4_0),
+            (false, Q4_1) => tiles!(false, Q4_1),
+            (false, _) => tiles!(false, Q8_0),
+        }
+    }
+}
+
+/// The body compiled with AVX-VNNI or without.
+#[inline(always)]
+unsafe fn by_features<const VNNI: bool, const KIND: u8, const T: usize>(
+    data: &[u8],
+    nb: usize,
+    a: &[PlanarRow; TILE],
+) -> TileOut {
+    // SAFETY (caller): AVX2, FMA, F16C (and AVX-VNNI for VNNI) are present.
+    unsafe { if VNNI { body_vnni::<KIND, T>(data, nb, a) } else { body_plain::<KIND, T>(data, nb, a) } }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn body_vnni<const KIND: u8, const T: usize>(data: &[u8], nb: usize, a: &[PlanarRow; TILE]) -> TileOut {
+    // SAFETY: the features are enabled; the caller upholds the rest.
+    unsafe { body::<true, KIND, T>(data, nb, a) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn body_plain<const KIND: u8, const T: usize>(data: &[u8], nb: usize, a: &[PlanarRow; TILE]) -> TileOut {
+    // SAFETY: the features are enabled; the caller upholds the rest.
+    unsafe { body::<false, KIND, T>(data, nb, a) }
+}
+
+/// Σ u·s over each lane's four byte pairs, added to `acc` (u < 128 or s > -128 when !VNNI).
+#[inline(always)]
+unsafe fn dot4<const VNNI: bool>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    // SAFETY (caller): AVX2 (and AVX-VNNI for VNNI) are enabled.
+    unsafe {
+        if VNNI {
+            _mm256_dpbusd_avx_epi32(acc, u, s)
+        } else {
+            _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+        }
+    }
+}
+
+/// Half `h` (rows 8h..8h+8) of block `blk`, unpacked: Q4 nibbles (low ones pair with
+/// activations 4c.., high ones with 16 + 4c..), or Q8_0's bytes as stored (VNNI: offset by
+/// 128) or signed (without VNNI).
+#[inline(always)]
+unsafe fn unpack<const VNNI: bool, const KIND: u8>(blk: *const u8, qs_at: usize, h: usize) -> [__m256i; 8] {
+    // SAFETY (caller): the block holds 8 vectors of 64 bytes at `qs_at`.
+    unsafe {
+        let vec = |c: usize| _mm256_loadu_si256(blk.add(qs_at + 64 * c + 32 * h) as *const __m256i);
+        if KIND == Q8_0 {
+            let flip = _mm256_set1_epi8(-128);
+            std::array::from_fn(|c| if VNNI { vec(c) } else { _mm256_xor_si256(vec(c), flip) })
+        } else {
+            let nib = _mm256_set1_epi8(0x0f);
+            let mut w = [_mm256_setzero_si256(); 8];
+            for c in 0..4 {
+                let v = vec(c);
+                w[c] = _mm256_and_si256(v, nib);
+                w[c + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+            }
+            w
+        }
+    }
+}
+
+/// The integer dot products of one unpacked half-block with one token's 32 activations.
+#[inline(always)]
+unsafe fn block_sum<const VNNI: bool, const KIND: u8>(w: &[__m256i; 8], qs: *const i8) -> __m256i {
+    // SAFETY (caller): `qs` points at 32 activations.
+    unsafe {
+        let act = |c: usize| _mm256_set1_epi32(std::ptr::read_unaligned(qs.add(4 * c) as *const i32));
+        if VNNI {
+            (0..8).fold(_mm256_setzero_si256(), |s, c| dot4::<true>(s, w[c], act(c)))
+        } else if KIND == Q8_0 {
+            // |w| times a with w's sign: both small enough for maddubs.
+            (0..8).fold(_mm256_setzero_si256(), |s, c| {
+                dot4::<false>(s, _mm256_abs_epi8(w[c]), _mm256_sign_epi8(act(c), w[c]))
+            })
+        } else {
+            let s16 =
+                (0..8).fold(_mm256_setzero_si256(), |s, c| _mm256_add_epi16(s, _mm256_maddubs_epi16(w[c], act(c))));
+            _mm256_madd_epi16(s16, _mm256_set1_epi16(1))
+        }
+    }
+}
+
+/// One group against tokens `a[..T]`, a half (8 rows) at a time so that the unpacked weights
+/// and every token's accumulator stay in registers.
+#[inline(always)]
+unsafe fn body<const VNNI: bool, const KIND: u8, const T: usize>(
+    data: &[u8],
+    nb: usize,
+    a: &[PlanarRow; TILE],
+) -> TileOut {
+    let ty = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0][KIND as usize];
+    let block = LEGACY_GROUP * ty.type_size() as usize;
+    assert!(data.len() >= nb * block);
+    assert!(a[..T].iter().all(|a| a.qs.len() >= 32 * nb && a.scales.len() >= nb && a.sums.len() >= nb));
+    let (m_at, qs_at) = legacy_layout(ty);
+    // What the products of offset weights add: VNNI's Q8_0 weights are stored + 128, Q4_0's
+    // nibbles are the weights + 8.
+    let offset = match KIND {
+        Q8_0 if VNNI => 128.0,
+        Q4_0 => 8.0,
+        _ => 0.0,
+    };
+    let mut res = [[0f32; LEGACY_GROUP]; TILE];
+    // SAFETY (caller): AVX2, FMA, F16C (and AVX-VNNI for VNNI) are enabled. Block `b` lies
+    // inside `data`, and each token holds 32 activations, a scale and a sum per block
+    // (asserted above).
+    unsafe {
+        for h in 0..2 {
+            let mut acc = [_mm256_setzero_ps(); T];
+            for b in 0..nb {
+                let blk = data.as_ptr().add(b * block);
+                let w = unpack::<VNNI, KIND>(blk, qs_at, h);
+                let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i));
+                let mw = match m_at {
+                    Some(at) => _mm256_cvtph_ps(_mm_loadu_si128(blk.add(at + 16 * h) as *const __m128i)),
+                    None => _mm256_setzero_ps(),
+                };
+                for (acc, a) in acc.iter_mut().zip(a) {
+                    let s = block_sum::<VNNI, KIND>(&w, a.qs.as_ptr().add(32 * b));
+                    let (da, sa) = (*a.scales.get_unchecked(b), *a.sums.get_unchecked(b));
+                    let v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(da), _mm256_set1_ps(offset * sa));
+                    *acc = _mm256_fmadd_ps(v, dw, *acc);
+                    if KIND == Q4_1 {
+                        *acc = _mm256_fmadd_ps(mw, _mm256_set1_ps(sa), *acc);
+                    }
+                }
+            }
+            for (res, acc) in res.iter_mut().zip(acc) {
+                _mm256_storeu_ps(res.as_mut_ptr().add(8 * h), acc);
+            }
+        }
+    }
+    res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::formats::quantize;
+    use crate::matmul::MatRef;
+    use crate::pool::Pool;
+    use crate::tier::KernelTier;
+    use crate::{Acts, Kernels};
+
+    /// Both forms of the 8-bit products (AVX-VNNI and `vpmaddubsw`), for every tile size,
+    /// against the reference; and every token the same bits in every tile.
+    #[test]
+    fn both_product_forms_and_every_tile_match_the_reference() {
+        if !KernelTier::Avx2.is_available() {
+            return;
+        }
+        let (rows, cols, tokens) = (19, 96, 4);
+        let pool = Pool::new(1);
+        let x: Vec<f32> = (0..cols * tokens).map(|i| ((i * 7919 % 211) as f32 - 105.0) / 13.0).collect();
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            let rb = ty.bytes_for(cols as u64).unwrap() as usize;
+            let mut data = vec![0u8; rows * rb];
+            for r in 0..rows {
+                let w: Vec<f32> = (0..cols).map(|i| (((r * 31 + i * 17) % 97) as f32 - 48.0) / 7.0).collect();
+                quantize(ty, &w, &mut data[r * rb..(r + 1) * rb]).unwrap();
+            }
+            let w = MatRef::new(ty, rows, cols, &data).unwrap();
+            let (k, scalar) = (Kernels::new(KernelTier::Avx2).unwrap(), Kernels::new(KernelTier::Scalar).unwrap());
+            let packed = k.pack(&pool, &w).unwrap();
+            let mut acts = Acts::new();
+            k.quantize_acts(&pool, ty, &x, cols, &mut acts).unwrap();
+            let mut want = vec![0f32; rows * tokens];
+            scalar.matmul(&pool, &w, &acts, &mut want).unwrap();
+            let a: [PlanarRow; TILE] = std::array::from_fn(|t| planar_row(&acts, t));
+            let forms: &[bool] = if has_vnni() { &[false, true] } else { &[false] };
+            for &vnni in forms {
+                for g in 0..packed.groups() {
+                    // SAFETY: AVX2 is present (checked above); AVX-VNNI only if reported.
+                    let product = |tile| unsafe { tile_product(vnni, ty, tile, packed.group(g), cols / 32, &a) };
+                    let full = product(TILE);
+                    for tile in 1..=TILE {
+                        let res = product(tile);
+                        for t in 0..tile {
+                            assert_eq!(res[t].map(f32::to_bits), full[t].map(f32::to_bits), "{ty} tile {tile}");
+                            for n in 0..LEGACY_GROUP.min(rows - 16 * g) {
+                                let e = want[t * rows + 16 * g + n];
+                                let got = res[t][n];
+                                assert!(
+                                    (got - e).abs() <= 1e-4 * e.abs().max(1.0),
+                                    "{ty} row {}: {got} vs {e}",
+                                    16 * g + n
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
