@@ -102,12 +102,7 @@ impl BlockManager {
     pub fn allocate(&mut self) -> Option<u32> {
         let block = match self.free.pop() {
             Some(b) => b,
-            None => {
-                let (_, b) = self.idle.pop_first()?;
-                let key = self.meta[b as usize].key.take().expect("idle blocks are cached");
-                self.index.remove(&key);
-                b
-            }
+            None => self.evict_oldest()?,
         };
         let m = &mut self.meta[block as usize];
         debug_assert_eq!(m.refs, 0);
@@ -153,11 +148,17 @@ impl BlockManager {
 
     /// Forget every cached block that nobody uses.
     pub fn clear_cache(&mut self) {
-        while let Some((_, b)) = self.idle.pop_first() {
-            let key = self.meta[b as usize].key.take().expect("idle blocks are cached");
-            self.index.remove(&key);
+        while let Some(b) = self.evict_oldest() {
             self.free.push(b);
         }
+    }
+
+    /// Take the least recently used unreferenced block out of the prefix cache.
+    fn evict_oldest(&mut self) -> Option<u32> {
+        let (_, b) = self.idle.pop_first()?;
+        let key = self.meta[b as usize].key.take().expect("idle blocks are cached");
+        self.index.remove(&key);
+        Some(b)
     }
 
     pub fn counts(&self) -> BlockCounts {

@@ -183,6 +183,11 @@ impl<T> PerThread<T> {
         PerThread { slots: (0..n_threads.max(1)).map(|_| UnsafeCell::new(make())).collect() }
     }
 
+    /// Threads it has a slot for.
+    pub fn n_threads(&self) -> usize {
+        self.slots.len()
+    }
+
     /// The slot of thread `tid`.
     ///
     /// # Safety

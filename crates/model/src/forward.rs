@@ -102,7 +102,6 @@ pub struct Scratch {
     /// The down projection's activations, made by the gated product.
     ffn_acts: Acts,
     attn_scratch: PerThread<AttnScratch>,
-    attn_threads: usize,
     /// Per batch token: (sequence, position).
     where_: Vec<(usize, usize)>,
 }
@@ -129,15 +128,13 @@ impl Scratch {
             acts: Acts::new(),
             ffn_acts: Acts::new(),
             attn_scratch: PerThread::new(1, AttnScratch::default),
-            attn_threads: 1,
             where_: Vec::new(),
         }
     }
 
     fn size_for(&mut self, c: &Config, n: usize, threads: usize) {
-        if self.attn_threads < threads {
+        if self.attn_scratch.n_threads() < threads {
             self.attn_scratch = PerThread::new(threads, AttnScratch::default);
-            self.attn_threads = threads;
         }
         let fit = |v: &mut Vec<f32>, len: usize| v.resize(len, 0.0);
         fit(&mut self.x, n * c.hidden);

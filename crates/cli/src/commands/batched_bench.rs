@@ -72,7 +72,8 @@ pub fn run(args: Args) -> Result<()> {
     // A sequence holds its prompt, its answer and the one token sampled after it.
     let ctx = args.model.ctx_size.unwrap_or(max_pp + max_tg + 2);
     let engine = std::sync::Arc::new(onebit_engine::Engine::new(model)?);
-    let threads = args.model.threads.filter(|&t| t > 0).unwrap_or_else(onebit_kernels::Pool::default_threads);
+    let pool = args.model.pool();
+    let threads = pool.n_threads();
     let config = SchedulerConfig {
         parallel: max_pl,
         batch_size: args.batch_size,
@@ -80,7 +81,7 @@ pub fn run(args: Args) -> Result<()> {
         ctx_size: ctx,
         kv_size: args.kv_size.unwrap_or(max_pl * ctx),
     };
-    let scheduler = Scheduler::start(std::sync::Arc::clone(&engine), args.model.pool(), config)?;
+    let scheduler = Scheduler::start(std::sync::Arc::clone(&engine), pool, config)?;
     let n_kv_max = scheduler.config().kv_size;
     let vocab = engine.model().config().vocab_size;
     if args.output_format == Format::Md {

@@ -311,16 +311,13 @@ impl Worker {
             let c = unsafe { candidates.get(tid) };
             d.out = Some(d.sequence.draw(d.logits, c));
         });
-        let drawn: Vec<(usize, u32, Option<TokenLogprobs>)> = draws
-            .into_iter()
-            .map(|d| (d.seq, d.out.expect("every draw ran")))
-            .map(|(i, (id, lp))| (i, id, lp))
-            .collect();
+        let drawn: Vec<(usize, (u32, Option<TokenLogprobs>))> =
+            draws.into_iter().map(|d| (d.seq, d.out.expect("every draw ran"))).collect();
 
         let tok = engine.tokenizer();
         let mut finished: Vec<(usize, FinishReason)> =
             length_done.into_iter().map(|i| (i, FinishReason::Length)).collect();
-        for (i, id, lp) in drawn {
+        for (i, (id, lp)) in drawn {
             if let After::Finish(reason) = running[i].push_token(tok, id, lp, self.config.ctx_size) {
                 finished.push((i, reason));
             }
@@ -349,20 +346,23 @@ impl Worker {
         }
     }
 
+    /// End a sequence with an error instead (its blocks back to the pool).
+    fn abort(&mut self, mut seq: Sequence, error: EngineError) {
+        self.release_blocks(&mut seq);
+        self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+        seq.fail(error);
+    }
+
     fn fail_running(&mut self, e: &EngineError) {
-        for mut seq in std::mem::take(&mut self.running) {
-            self.release_blocks(&mut seq);
-            self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
-            seq.fail(EngineError::Internal(e.to_string()));
+        for seq in std::mem::take(&mut self.running) {
+            self.abort(seq, EngineError::Internal(e.to_string()));
         }
     }
 
     fn shut_down(&mut self) {
         let all: Vec<Sequence> = self.running.drain(..).chain(self.waiting.drain(..)).collect();
-        for mut seq in all {
-            self.release_blocks(&mut seq);
-            self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
-            seq.fail(EngineError::ShutDown);
+        for seq in all {
+            self.abort(seq, EngineError::ShutDown);
         }
     }
 }
