@@ -35,6 +35,8 @@ enum Command {
     Template(commands::template::Args),
     /// Measure prompt processing (pp) and generation (tg) speed, llama-bench style.
     Bench(commands::bench::Args),
+    /// Serve the OpenAI API (and a chat page) over HTTP, llama-server style.
+    Serve(commands::serve::Args),
     /// Measure many sequences served at once through the engine, llama-batched-bench style.
     BatchedBench(commands::batched_bench::Args),
 }
@@ -58,17 +60,23 @@ fn main() -> ExitCode {
         eprintln!("onebit: internal error{at}: {msg} (please report this)");
     }));
     let cli = Cli::parse_from(llama_flags(std::env::args_os()));
-    let level = match cli.verbose {
+    // A server's log is its record of requests, with times: it shows them unless asked for less.
+    let serving = matches!(cli.command, Command::Serve(_));
+    let level = match cli.verbose + u8::from(serving) {
         0 => tracing::Level::WARN,
         1 => tracing::Level::INFO,
         _ => tracing::Level::DEBUG,
     };
-    tracing_subscriber::fmt()
+    let log = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_max_level(level)
-        .without_time()
-        .with_target(false)
-        .init();
+        .with_target(false);
+    if serving {
+        log.init();
+    } else {
+        log.without_time().init();
+    }
     let ok = |r: anyhow::Result<()>| r.map(|()| 0u8);
     let result = match cli.command {
         Command::Run(args) => commands::run::run(args),
@@ -79,6 +87,7 @@ fn main() -> ExitCode {
         Command::Template(args) => ok(commands::template::run(args)),
         Command::Bench(args) => ok(commands::bench::run(args)),
         Command::BatchedBench(args) => ok(commands::batched_bench::run(args)),
+        Command::Serve(args) => commands::serve::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

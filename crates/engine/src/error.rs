@@ -36,3 +36,23 @@ pub enum EngineError {
     #[error("internal error: {0}")]
     Internal(String),
 }
+
+/// A request parameter outside its range: which one (by its API name) and why.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{field} {reason}")]
+pub struct ParamError {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+impl ParamError {
+    pub fn new(field: &'static str, reason: impl Into<String>) -> ParamError {
+        ParamError { field, reason: reason.into() }
+    }
+}
+
+impl From<ParamError> for EngineError {
+    fn from(e: ParamError) -> EngineError {
+        EngineError::BadRequest(e.to_string())
+    }
+}

@@ -34,10 +34,10 @@ use onebit_model::Model;
 use onebit_tokenizer::{ChatRequest, ChatTemplate, Tokenizer};
 use serde_json::{Map, Value as Json};
 
-pub use error::EngineError;
-pub use request::{Completion, Event, FinishReason, Flow, GenerateRequest, RequestHandle, Timings, Usage};
+pub use error::{EngineError, ParamError};
+pub use request::{Completion, Event, EventSink, FinishReason, Flow, GenerateRequest, RequestHandle, Timings, Usage};
 pub use sampling::{Sampler, SamplingParams, TokenLogprobs};
-pub use scheduler::{BlockCounts, Scheduler, SchedulerConfig, SchedulerStats};
+pub use scheduler::{BlockCounts, Scheduler, SchedulerConfig, SchedulerStats, SequenceInfo, Submitted};
 
 /// A chat message for [`Engine::chat_prompt`].
 pub fn message(role: &str, content: &str) -> Json {
@@ -56,6 +56,7 @@ pub struct Engine {
     model: Model,
     tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
+    template_source: Option<String>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -68,8 +69,21 @@ impl Engine {
     /// Build the tokenizer and the chat template from the model's own metadata.
     pub fn new(model: Model) -> Result<Engine, EngineError> {
         let tokenizer = Tokenizer::from_metadata(&model.gguf().metadata())?;
-        let template = tokenizer.chat_template().map(ChatTemplate::new).transpose()?;
-        Ok(Engine { model, tokenizer, template })
+        let template_source = tokenizer.chat_template().map(str::to_string);
+        let template = template_source.as_deref().map(ChatTemplate::new).transpose()?;
+        Ok(Engine { model, tokenizer, template, template_source })
+    }
+
+    /// Render chats with `source` instead of the model's own template (`--chat-template-file`).
+    pub fn set_chat_template(&mut self, source: &str) -> Result<(), EngineError> {
+        self.template = Some(ChatTemplate::new(source)?);
+        self.template_source = Some(source.to_string());
+        Ok(())
+    }
+
+    /// The Jinja source of the chat template in use.
+    pub fn chat_template_source(&self) -> Option<&str> {
+        self.template_source.as_deref()
     }
 
     pub fn model(&self) -> &Model {

@@ -56,6 +56,18 @@ pub enum Event {
     Done(Result<Completion, EngineError>),
 }
 
+/// Where a request's events go: a channel of any kind. `send` returns false when the receiver
+/// is gone, which cancels the request at the next step.
+pub trait EventSink: Send + 'static {
+    fn send(&self, event: Event) -> bool;
+}
+
+impl EventSink for std::sync::mpsc::Sender<Event> {
+    fn send(&self, event: Event) -> bool {
+        std::sync::mpsc::Sender::send(self, event).is_ok()
+    }
+}
+
 /// Whether to go on after an event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Flow {

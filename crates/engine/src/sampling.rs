@@ -14,6 +14,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::ParamError;
+
 /// The sampling parameters of one request (llama.cpp's defaults).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -62,10 +64,41 @@ impl SamplingParams {
         SamplingParams { temperature: 0.0, ..SamplingParams::default() }
     }
 
+    /// Check every parameter against its range (the same rules for the CLI and the server).
+    pub fn validate(&self) -> Result<(), ParamError> {
+        in_range("temperature", self.temperature, 0.0, MAX_TEMPERATURE)?;
+        in_range("top_p", self.top_p, 0.0, 1.0)?;
+        in_range("min_p", self.min_p, 0.0, 1.0)?;
+        in_range("repeat_penalty", self.repeat_penalty, f32::MIN_POSITIVE, 10.0)?;
+        in_range("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
+        in_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
+        for &(id, bias) in &self.logit_bias {
+            if bias != f32::NEG_INFINITY && !(-100.0..=100.0).contains(&bias) {
+                return Err(ParamError::new(
+                    "logit_bias",
+                    format!("of token {id} must be between -100 and 100 (or false, to ban it), not {bias}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn penalties_on(&self) -> bool {
         self.repeat_last_n > 0
             && (self.repeat_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0)
     }
+}
+
+/// Above this, every token is about as likely as any other: a larger value is a mistake.
+pub const MAX_TEMPERATURE: f32 = 10.0;
+
+fn in_range(field: &'static str, v: f32, lo: f32, hi: f32) -> Result<(), ParamError> {
+    if v.is_finite() && (lo..=hi).contains(&v) {
+        return Ok(());
+    }
+    let lo = if lo == f32::MIN_POSITIVE { "above 0".to_string() } else { format!("between {lo}") };
+    let range = if lo.starts_with("above") { format!("{lo} and at most {hi}") } else { format!("{lo} and {hi}") };
+    Err(ParamError::new(field, format!("must be {range}, not {v}")))
 }
 
 /// A token and its logit, as the chain narrows the candidates.

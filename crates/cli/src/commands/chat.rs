@@ -33,6 +33,7 @@ pub struct Args {
 const HELP: &str = "Type a message and press Enter. End a line with \\ to continue it, or wrap lines in \"\"\".\n/reset starts a new conversation, /exit (or Ctrl-D) quits, Ctrl-C stops an answer.";
 
 pub fn run(args: Args) -> Result<u8> {
+    args.gen_args.check()?;
     let ui = Ui::new(args.gen_args.quiet);
     let (engine, scheduler) = start_engine(&args.model, &args.engine, &ui)?;
     if !engine.has_chat_template() {

@@ -68,6 +68,20 @@ impl GenArgs {
         }
     }
 
+    /// Check the values before any work, with the server's rules, naming the flag at fault.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if self.n_predict < -1 {
+            anyhow::bail!("-n/--n-predict must be -1 (no limit) or at least 0, not {}", self.n_predict);
+        }
+        self.sampling().validate().map_err(|e| {
+            let flag = match e.field {
+                "temperature" => "--temp".to_string(),
+                f => format!("--{}", f.replace('_', "-")),
+            };
+            anyhow::anyhow!("{flag}: {}", e.reason)
+        })
+    }
+
     pub fn max_tokens(&self) -> Option<usize> {
         usize::try_from(self.n_predict).ok()
     }

@@ -9,6 +9,7 @@ pub mod logits;
 pub mod model_args;
 pub mod resolve;
 pub mod run;
+pub mod serve;
 pub mod template;
 pub mod tokenize;
 pub mod ui;

@@ -77,9 +77,10 @@ impl ModelArgs {
 /// Options of the serving engine: how many sequences share a step, and its memory.
 #[derive(clap::Args, Clone, Debug)]
 pub struct EngineArgs {
-    /// Sequences decoding at once (llama.cpp's -np); further requests wait in a queue.
-    #[arg(long = "parallel", visible_alias = "np", default_value_t = 1, value_name = "N")]
-    pub parallel: usize,
+    /// Sequences decoding at once (llama.cpp's -np); further requests wait in a queue
+    /// [default: 1; 4 for `serve`].
+    #[arg(long = "parallel", visible_alias = "np", value_name = "N")]
+    pub parallel: Option<usize>,
     /// Tokens per forward pass, decoding and prompt chunks together (llama.cpp's -b).
     #[arg(short = 'b', long = "batch-size", default_value_t = 512, value_name = "N")]
     pub batch_size: usize,
@@ -94,9 +95,10 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
-    pub fn config(&self, ctx_size: usize) -> SchedulerConfig {
+    /// The engine's configuration; `parallel` is the command's default for `--parallel`.
+    pub fn config(&self, ctx_size: usize, parallel: usize) -> SchedulerConfig {
         SchedulerConfig {
-            parallel: self.parallel,
+            parallel: self.parallel.unwrap_or(parallel),
             batch_size: self.batch_size,
             queue_size: self.queue_size,
             ctx_size,
@@ -110,6 +112,6 @@ pub fn start_engine(model: &ModelArgs, engine: &EngineArgs, ui: &super::ui::Ui) 
     let loaded = model.load_with(ui)?;
     let ctx = model.ctx(&loaded);
     let engine_ = Arc::new(Engine::new(loaded)?);
-    let scheduler = Scheduler::start(Arc::clone(&engine_), model.pool(), engine.config(ctx))?;
+    let scheduler = Scheduler::start(Arc::clone(&engine_), model.pool(), engine.config(ctx, 1))?;
     Ok((engine_, scheduler))
 }

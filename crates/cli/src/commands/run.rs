@@ -44,6 +44,7 @@ pub struct Args {
 pub const INTERRUPTED: u8 = 130;
 
 pub fn run(args: Args) -> Result<u8> {
+    args.gen_args.check()?;
     let ui = Ui::new(args.gen_args.quiet || args.json);
     let prompt = read_prompt(&args)?;
     let (engine, scheduler) = start_engine(&args.model, &args.engine, &ui)?;

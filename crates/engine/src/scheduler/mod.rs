@@ -35,9 +35,10 @@ use onebit_kernels::Pool;
 use onebit_model::{BLOCK_TOKENS, KvPool, human_bytes};
 
 pub use crate::blocks::BlockCounts;
-use crate::request::{GenerateRequest, RequestHandle};
+use crate::request::{EventSink, GenerateRequest, RequestHandle};
 use crate::{Engine, EngineError};
 use sequence::Sequence;
+pub use sequence::SequenceInfo;
 
 /// How the engine serves requests. Every field is a command-line option of the same name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,11 +73,14 @@ pub struct SchedulerStats {
     pub tokens_computed: u64,
     /// Sequences put back in the queue to free memory (their work is recomputed).
     pub preemptions: u64,
+    /// The sum over steps of the sequences in each (busy places per step, times steps).
+    pub busy_slot_steps: u64,
 }
 
 pub(crate) enum Command {
     Submit(Box<Sequence>),
     Stats(Sender<SchedulerStats>),
+    Sequences(Sender<Vec<SequenceInfo>>),
     CheckBlocks(Sender<Result<(), String>>),
     ClearCache,
     Shutdown,
@@ -87,6 +91,20 @@ pub(crate) struct Shared {
     /// Requests submitted and not yet finished (waiting or running).
     pub in_flight: AtomicUsize,
     next_id: AtomicU64,
+}
+
+/// A request submitted with [`Scheduler::submit_to`]: its number, and the flag that cancels it.
+#[derive(Clone, Debug)]
+pub struct Submitted {
+    pub id: u64,
+    pub cancel: Arc<AtomicBool>,
+}
+
+impl Submitted {
+    /// Ask for the request to stop at the next step.
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
 }
 
 /// The handle to a running engine loop. Dropping it stops the loop (requests still in flight
@@ -131,6 +149,38 @@ impl Scheduler {
     /// Queue a request: generate after `prompt` (token ids) as `req` says. Fails at once if the
     /// prompt does not fit the context, or if `parallel + queue_size` requests are in flight.
     pub fn submit(&self, prompt: Vec<u32>, req: GenerateRequest) -> Result<RequestHandle, EngineError> {
+        let (events_tx, events) = mpsc::channel();
+        let Submitted { id, cancel } = self.submit_to(prompt, req, events_tx)?;
+        Ok(RequestHandle { id, events, cancel })
+    }
+
+    /// [`Scheduler::submit`], with the events going to `sink` (an async channel, say). The
+    /// request is cancelled when `sink` reports its receiver gone, or through the returned flag.
+    pub fn submit_to(
+        &self,
+        prompt: Vec<u32>,
+        req: GenerateRequest,
+        sink: impl EventSink,
+    ) -> Result<Submitted, EngineError> {
+        self.check_prompt(&prompt)?;
+        let limit = self.config.parallel + self.config.queue_size;
+        if self.shared.in_flight.fetch_add(1, Ordering::AcqRel) >= limit {
+            self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Err(EngineError::Busy { in_flight: limit });
+        }
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let cancel = Arc::new(AtomicBool::new(false));
+        let seq = Sequence::new(id, prompt, req, Box::new(sink), Arc::clone(&cancel));
+        if self.tx.send(Command::Submit(Box::new(seq))).is_err() {
+            self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Err(EngineError::ShutDown);
+        }
+        Ok(Submitted { id, cancel })
+    }
+
+    /// Whether `prompt` can be submitted at all: not empty, shorter than the context, every id
+    /// in the vocabulary.
+    pub fn check_prompt(&self, prompt: &[u32]) -> Result<(), EngineError> {
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -143,20 +193,7 @@ impl Scheduler {
                 self.vocab
             )));
         }
-        let limit = self.config.parallel + self.config.queue_size;
-        if self.shared.in_flight.fetch_add(1, Ordering::AcqRel) >= limit {
-            self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
-            return Err(EngineError::Busy { in_flight: limit });
-        }
-        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
-        let (events_tx, events) = mpsc::channel();
-        let cancel = Arc::new(AtomicBool::new(false));
-        let seq = Sequence::new(id, prompt, req, events_tx, Arc::clone(&cancel));
-        if self.tx.send(Command::Submit(Box::new(seq))).is_err() {
-            self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
-            return Err(EngineError::ShutDown);
-        }
-        Ok(RequestHandle { id, events, cancel })
+        Ok(())
     }
 
     /// Requests submitted and not yet finished.
@@ -168,6 +205,13 @@ impl Scheduler {
     pub fn stats(&self) -> Result<SchedulerStats, EngineError> {
         let (tx, rx) = mpsc::channel();
         self.tx.send(Command::Stats(tx)).map_err(|_| EngineError::ShutDown)?;
+        rx.recv().map_err(|_| EngineError::ShutDown)
+    }
+
+    /// The running sequences, in the order they got their places.
+    pub fn sequences(&self) -> Result<Vec<SequenceInfo>, EngineError> {
+        let (tx, rx) = mpsc::channel();
+        self.tx.send(Command::Sequences(tx)).map_err(|_| EngineError::ShutDown)?;
         rx.recv().map_err(|_| EngineError::ShutDown)
     }
 

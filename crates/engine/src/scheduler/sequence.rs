@@ -3,14 +3,29 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
 use std::time::Instant;
 
 use onebit_tokenizer::{StreamDecoder, Tokenizer};
 
-use crate::request::{Completion, Event, FinishReason, GenerateRequest, Timings, Usage};
+use crate::request::{Completion, Event, EventSink, FinishReason, GenerateRequest, Timings, Usage};
 use crate::sampling::{Sampler, TokenLogprobs};
 use crate::stop::StopMatcher;
+
+/// A running sequence as a status page shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SequenceInfo {
+    /// The request's number.
+    pub id: u64,
+    pub prompt_tokens: usize,
+    /// Prompt tokens taken from the prefix cache.
+    pub cached_tokens: usize,
+    /// Positions in the cache (prompt and answer).
+    pub computed: usize,
+    pub generated: usize,
+    pub max_tokens: Option<usize>,
+    /// Still computing its prompt.
+    pub prefilling: bool,
+}
 
 pub(crate) struct Sequence {
     pub id: u64,
@@ -34,7 +49,7 @@ pub(crate) struct Sequence {
     pub logprobs: Option<usize>,
     ids: Vec<u32>,
     text: String,
-    events: Sender<Event>,
+    events: Box<dyn EventSink>,
     cancel: Arc<AtomicBool>,
     user_cancel: Option<Arc<AtomicBool>>,
     submitted: Instant,
@@ -55,7 +70,7 @@ impl Sequence {
         id: u64,
         prompt: Vec<u32>,
         req: GenerateRequest,
-        events: Sender<Event>,
+        events: Box<dyn EventSink>,
         cancel: Arc<AtomicBool>,
     ) -> Sequence {
         let mut sampler = Sampler::new(req.sampling);
@@ -84,6 +99,19 @@ impl Sequence {
             admitted: None,
             prefilled: None,
             first_token: None,
+        }
+    }
+
+    /// What a status page shows of this sequence.
+    pub fn info(&self) -> SequenceInfo {
+        SequenceInfo {
+            id: self.id,
+            prompt_tokens: self.n_prompt,
+            cached_tokens: self.cached,
+            computed: self.n_computed,
+            generated: self.ids.len(),
+            max_tokens: self.max_tokens,
+            prefilling: self.prefilled.is_none(),
         }
     }
 
@@ -184,7 +212,7 @@ impl Sequence {
 
     /// Send an event; a caller that went away cancels the sequence.
     fn send(&self, ev: Event) {
-        if self.events.send(ev).is_err() {
+        if !self.events.send(ev) {
             self.cancel.store(true, Ordering::Relaxed);
         }
     }

@@ -129,6 +129,9 @@ impl Worker {
                     ..self.stats
                 });
             }
+            Command::Sequences(reply) => {
+                let _ = reply.send(self.running.iter().map(Sequence::info).collect());
+            }
             Command::CheckBlocks(reply) => {
                 let mut refs = vec![0u32; self.kv.n_blocks()];
                 for s in &self.running {
@@ -283,6 +286,7 @@ impl Worker {
         let logits = engine.model().forward(pool, kv, &inputs, scratch)?;
         drop(inputs);
         stats.steps += 1;
+        stats.busy_slot_steps += plan.len() as u64;
         for &(i, n) in plan {
             let s = &mut running[i];
             s.n_computed += n;

@@ -1,0 +1,275 @@
+//! `onebit serve`: an OpenAI-compatible HTTP server over the serving engine, with
+//! llama-server's endpoints, flags, error shapes and metric names.
+//!
+//! The route table below is the whole map of the server. Handlers only parse a request, build
+//! the prompt, queue it on the engine ([`onebit_engine::Scheduler`]) and stream its events back;
+//! batching, memory and cancellation live in the engine. The port opens at once and the model
+//! loads in the background (`/health` says 503 "Loading model" until it is ready).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use onebit_server::{Loaded, ServerConfig};
+//! let server = onebit_server::start(ServerConfig::default(), || -> Result<Loaded, String> {
+//!     unimplemented!("load a model and start its scheduler")
+//! })
+//! .await?;
+//! println!("listening on {}", server.addr());
+//! server.wait().await?;
+//! # Ok(()) }
+//! ```
+
+mod completions;
+mod error;
+mod generate;
+mod info;
+mod metrics;
+mod params;
+mod shapes;
+mod state;
+mod stream;
+mod webui;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tokio::sync::watch;
+use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+use tower_http::timeout::TimeoutLayer;
+
+pub use error::ApiError;
+use state::AppState;
+pub use state::Loaded;
+
+/// How the server listens and whom it serves. Every field is a flag of `onebit serve`.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub host: String,
+    pub port: u16,
+    /// Keys a client must send (`Authorization: Bearer KEY` or `X-Api-Key`); none: open.
+    pub api_keys: Vec<String>,
+    /// Longest time to answer a request that is not streamed (seconds).
+    pub timeout: Duration,
+    /// Origins browsers may call from (none: any origin, as llama-server allows).
+    pub cors_origins: Vec<String>,
+    /// Serve the chat page at `/`.
+    pub webui: bool,
+    /// The model's name in the API (default: its file name).
+    pub alias: Option<String>,
+    /// Largest request body, in bytes.
+    pub body_limit: usize,
+    /// After SIGINT/SIGTERM, how long running requests may take to finish.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            api_keys: Vec::new(),
+            timeout: Duration::from_secs(600),
+            cors_origins: Vec::new(),
+            webui: true,
+            alias: None,
+            body_limit: 8 << 20,
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Why the server stopped other than by a signal.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+    #[error("loading the model failed: {0}")]
+    Load(String),
+    #[error("the server failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The route table.
+fn router(state: Arc<AppState>) -> Router {
+    let mut routes = Router::new()
+        .route("/health", get(info::health))
+        .route("/v1/health", get(info::health))
+        .route("/v1/models", get(info::models))
+        .route("/models", get(info::models))
+        .route("/props", get(info::props))
+        .route("/slots", get(info::slots))
+        .route("/metrics", get(info::metrics))
+        .route("/v1/chat/completions", post(completions::chat))
+        .route("/chat/completions", post(completions::chat))
+        .route("/v1/completions", post(completions::text))
+        .route("/completions", post(completions::text))
+        .route("/tokenize", post(info::tokenize))
+        .route("/detokenize", post(info::detokenize))
+        .route("/apply-template", post(info::apply_template));
+    if state.config.webui {
+        routes = routes.route("/", get(webui::index));
+    }
+    let cors = match state.config.cors_origins.as_slice() {
+        [] => CorsLayer::new().allow_origin(Any),
+        list => {
+            CorsLayer::new().allow_origin(AllowOrigin::list(list.iter().filter_map(|o| o.parse::<HeaderValue>().ok())))
+        }
+    }
+    .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+    .allow_headers(Any);
+    routes
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), require_key))
+        .layer(DefaultBodyLimit::max(state.config.body_limit))
+        .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, state.config.timeout))
+        .layer(middleware::map_response(json_errors))
+        .layer(cors)
+        .with_state(state)
+}
+
+/// With `--api-key`, every endpoint but `/health` (and the chat page, which asks for the key)
+/// wants one of the keys.
+async fn require_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let keys = &state.config.api_keys;
+    let open = matches!(req.uri().path(), "/health" | "/v1/health" | "/") || req.method() == Method::OPTIONS;
+    if keys.is_empty() || open {
+        return next.run(req).await;
+    }
+    let h = req.headers();
+    let bearer = h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    let x_key = h.get("x-api-key").and_then(|v| v.to_str().ok());
+    let given = bearer.or(x_key).map(str::trim);
+    if given.is_some_and(|g| keys.iter().any(|k| same(k.as_bytes(), g.as_bytes()))) {
+        next.run(req).await
+    } else {
+        ApiError::unauthorized().into_response()
+    }
+}
+
+/// Compare without stopping at the first difference, so that timing does not reveal a key.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Errors from outside the handlers (unknown routes, wrong methods, body limits, timeouts)
+/// in the same JSON shape as every other error.
+async fn json_errors(res: Response) -> Response {
+    let status = res.status();
+    let is_json = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return res;
+    }
+    let body = axum::body::to_bytes(res.into_body(), 64 << 10).await.unwrap_or_default();
+    let message = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => "the request body is larger than the server's limit (--body-limit)".into(),
+        StatusCode::REQUEST_TIMEOUT => "the request took longer than the server's --timeout".into(),
+        _ => String::from_utf8_lossy(&body).into_owned(),
+    };
+    ApiError::from_status(status, message).into_response()
+}
+
+/// A server that is listening.
+pub struct Server {
+    addr: SocketAddr,
+    state: Arc<AppState>,
+    stop: watch::Sender<bool>,
+    serving: tokio::task::JoinHandle<std::io::Result<()>>,
+    load_error: Arc<OnceLock<String>>,
+}
+
+/// Listen on the configured address, then load the model in the background with `load`.
+pub async fn start<F>(config: ServerConfig, load: F) -> Result<Server, ServerError>
+where
+    F: FnOnce() -> Result<Loaded, String> + Send + 'static,
+{
+    let addr = format!("{}:{}", config.host, config.port);
+    let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|source| ServerError::Bind { addr, source })?;
+    let local = listener.local_addr()?;
+    let state = Arc::new(AppState::new(config));
+    let (stop, stopped) = watch::channel(false);
+    let load_error = Arc::new(OnceLock::new());
+
+    let (st, failed, stop_on_fail) = (Arc::clone(&state), Arc::clone(&load_error), stop.clone());
+    tokio::task::spawn_blocking(move || {
+        let t0 = std::time::Instant::now();
+        match load() {
+            Ok(loaded) => {
+                st.set_ready(loaded);
+                tracing::info!("model loaded in {:.1} s; ready", t0.elapsed().as_secs_f64());
+            }
+            Err(e) => {
+                tracing::error!("loading the model failed: {e}");
+                let _ = failed.set(e);
+                let _ = stop_on_fail.send(true);
+            }
+        }
+    });
+
+    let app = router(Arc::clone(&state)).into_make_service_with_connect_info::<SocketAddr>();
+    let mut until = stopped.clone();
+    let serving = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = until.wait_for(|&s| s).await;
+            })
+            .await
+    });
+    tracing::info!("listening on http://{local}");
+    Ok(Server { addr: local, state, stop, serving, load_error })
+}
+
+impl Server {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Whether the model has loaded.
+    pub fn is_ready(&self) -> bool {
+        self.state.is_ready()
+    }
+
+    /// Stop accepting connections; running requests may finish within the grace period.
+    pub fn shutdown(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    /// A handle that stops the server from elsewhere (a signal handler).
+    pub fn stopper(&self) -> impl Fn() + Send + Sync + 'static {
+        let stop = self.stop.clone();
+        move || {
+            let _ = stop.send(true);
+        }
+    }
+
+    /// Run until stopped: then wait for open requests, at most the grace period.
+    pub async fn wait(self) -> Result<(), ServerError> {
+        let grace = self.state.config.shutdown_grace;
+        let mut stopped = self.stop.subscribe();
+        let serving = self.serving;
+        tokio::pin!(serving);
+        let result = tokio::select! {
+            r = &mut serving => r.map_err(|e| ServerError::Io(std::io::Error::other(e)))?.map_err(ServerError::Io),
+            _ = async {
+                let _ = stopped.wait_for(|&s| s).await;
+                tokio::time::sleep(grace).await;
+            } => {
+                tracing::warn!("requests still running after the {} s grace period; stopping them", grace.as_secs());
+                Ok(())
+            }
+        };
+        if let Some(e) = self.load_error.get() {
+            return Err(ServerError::Load(e.clone()));
+        }
+        result
+    }
+}
