@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "onebit", version, about = "Fast CPU inference for 1-bit, ternary and quantized GGUF models")]
 struct Cli {
-    /// Log more (-v: info, -vv: debug).
+    /// Log more (-v: info, -vv: debug; `serve` logs every request at info already).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
     #[command(subcommand)]

@@ -68,7 +68,7 @@ impl ApiError {
     pub fn from_status(status: StatusCode, message: String) -> ApiError {
         let kind = match status {
             StatusCode::UNAUTHORIZED => "authentication_error",
-            StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED => "not_found_error",
+            StatusCode::NOT_FOUND => "not_found_error",
             StatusCode::SERVICE_UNAVAILABLE => "unavailable_error",
             s if s.is_server_error() => "server_error",
             _ => "invalid_request_error",

@@ -4,6 +4,7 @@
 //! (usage, llama-server's `timings`, the log line, the metrics).
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use onebit_engine::{Completion, Event, EventSink, FinishReason, Submitted, TokenLogprobs};
@@ -88,6 +89,7 @@ impl Running {
                 prompt_of.push(p);
             }
         }
+        state.active.fetch_add(1, Ordering::AcqRel);
         Ok(Running { rx, guard, state: Arc::clone(state), prompt_of, started: Instant::now(), endpoint, finished: 0 })
     }
 
@@ -177,6 +179,12 @@ impl Running {
             );
         }
         (usage, first.map(timings).unwrap_or(Json::Null))
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.state.active.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::Json as JsonBody;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use onebit_engine::ChatOptions;
@@ -22,25 +22,36 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Result<Response, ApiE
 }
 
 pub async fn models(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    let entry = model_entry(state.ready()?);
+    Ok(JsonBody(json!({ "object": "list", "data": [entry] })).into_response())
+}
+
+/// `GET /v1/models/{id}`: the model, if that is its name.
+pub async fn model(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let ready = state.ready()?;
+    if id != ready.model_id {
+        return Err(ApiError::not_found(format!("no model named '{id}'; this server serves '{}'", ready.model_id)));
+    }
+    Ok(JsonBody(model_entry(ready)).into_response())
+}
+
+fn model_entry(ready: &crate::state::Ready) -> Json {
     let model = ready.engine.model();
     let c = model.config();
     let n_params: u64 = model.gguf().tensors().map(|t| t.n_elements()).sum();
-    let entry = json!({
+    json!({
         "id": ready.model_id,
         "object": "model",
         "created": ready.created,
         "owned_by": "onebit",
         "meta": {
-            "vocab_type": 2,
             "n_vocab": c.vocab_size,
             "n_ctx_train": c.context_length,
             "n_embd": c.hidden,
             "n_params": n_params,
             "size": model.gguf().file_bytes(),
         },
-    });
-    Ok(JsonBody(json!({ "object": "list", "data": [entry] })).into_response())
+    })
 }
 
 pub async fn props(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {

@@ -18,12 +18,15 @@
 //! # Ok(()) }
 //! ```
 
+mod adapter_stream;
+mod anthropic;
 mod completions;
 mod error;
 mod generate;
 mod info;
 mod metrics;
 mod params;
+mod responses;
 mod shapes;
 mod state;
 mod stream;
@@ -102,6 +105,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/health", get(info::health))
         .route("/v1/models", get(info::models))
         .route("/models", get(info::models))
+        .route("/v1/models/{id}", get(info::model))
         .route("/props", get(info::props))
         .route("/slots", get(info::slots))
         .route("/metrics", get(info::metrics))
@@ -109,6 +113,10 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/chat/completions", post(completions::chat))
         .route("/v1/completions", post(completions::text))
         .route("/completions", post(completions::text))
+        .route("/v1/responses", post(responses::create))
+        .route("/responses", post(responses::create))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/tokenize", post(info::tokenize))
         .route("/detokenize", post(info::detokenize))
         .route("/apply-template", post(info::apply_template));
@@ -126,6 +134,7 @@ fn router(state: Arc<AppState>) -> Router {
     routes
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .layer(middleware::from_fn_with_state(Arc::clone(&state), require_key))
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), refuse_when_draining))
         .layer(DefaultBodyLimit::max(state.config.body_limit))
         .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, state.config.timeout))
         .layer(middleware::map_response(json_errors))
@@ -142,7 +151,13 @@ async fn require_key(State(state): State<Arc<AppState>>, req: Request, next: Nex
         return next.run(req).await;
     }
     let h = req.headers();
-    let bearer = h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    // The scheme's name is case-insensitive (RFC 9110).
+    let bearer = h
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, key)| key);
     let x_key = h.get("x-api-key").and_then(|v| v.to_str().ok());
     let given = bearer.or(x_key).map(str::trim);
     if given.is_some_and(|g| keys.iter().any(|k| same(k.as_bytes(), g.as_bytes()))) {
@@ -150,6 +165,18 @@ async fn require_key(State(state): State<Arc<AppState>>, req: Request, next: Nex
     } else {
         ApiError::unauthorized().into_response()
     }
+}
+
+/// While shutting down, running requests finish but new ones (and health checks, so that load
+/// balancers look elsewhere) get 503.
+async fn refuse_when_draining(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if state.draining.load(std::sync::atomic::Ordering::Acquire) {
+        let mut err =
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", "the server is shutting down");
+        err.retry_after = Some(1);
+        return err.into_response();
+    }
+    next.run(req).await
 }
 
 /// Compare without stopping at the first difference, so that timing does not reveal a key.
@@ -175,7 +202,13 @@ async fn json_errors(res: Response) -> Response {
         StatusCode::REQUEST_TIMEOUT => "the request took longer than the server's --timeout".into(),
         _ => String::from_utf8_lossy(&body).into_owned(),
     };
-    ApiError::from_status(status, message).into_response()
+    let mut res = ApiError::from_status(status, message).into_response();
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        // The rest of the body is never read, so the connection cannot carry another request:
+        // say so, or a client's pool would reuse a connection that is about to close.
+        res.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    res
 }
 
 /// A server that is listening.
@@ -183,6 +216,7 @@ pub struct Server {
     addr: SocketAddr,
     state: Arc<AppState>,
     stop: watch::Sender<bool>,
+    close: watch::Sender<bool>,
     serving: tokio::task::JoinHandle<std::io::Result<()>>,
     load_error: Arc<OnceLock<String>>,
 }
@@ -196,7 +230,8 @@ where
     let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|source| ServerError::Bind { addr, source })?;
     let local = listener.local_addr()?;
     let state = Arc::new(AppState::new(config));
-    let (stop, stopped) = watch::channel(false);
+    let (stop, _) = watch::channel(false);
+    let (close, closing) = watch::channel(false);
     let load_error = Arc::new(OnceLock::new());
 
     let (st, failed, stop_on_fail) = (Arc::clone(&state), Arc::clone(&load_error), stop.clone());
@@ -210,13 +245,13 @@ where
             Err(e) => {
                 tracing::error!("loading the model failed: {e}");
                 let _ = failed.set(e);
-                let _ = stop_on_fail.send(true);
+                stop_on_fail.send_replace(true);
             }
         }
     });
 
     let app = router(Arc::clone(&state)).into_make_service_with_connect_info::<SocketAddr>();
-    let mut until = stopped.clone();
+    let mut until = closing;
     let serving = tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(async move {
@@ -225,7 +260,7 @@ where
             .await
     });
     tracing::info!("listening on http://{local}");
-    Ok(Server { addr: local, state, stop, serving, load_error })
+    Ok(Server { addr: local, state, stop, close, serving, load_error })
 }
 
 impl Server {
@@ -238,34 +273,58 @@ impl Server {
         self.state.is_ready()
     }
 
+    /// The engine's state (none while the model loads).
+    pub fn engine_stats(&self) -> Option<onebit_engine::SchedulerStats> {
+        self.state.ready().ok().and_then(|r| r.scheduler.stats().ok())
+    }
+
+    /// Verify the engine's block accounting (no block leaked or shared wrongly).
+    pub fn check_blocks(&self) -> Result<(), String> {
+        let ready = self.state.ready().map_err(|e| e.message)?;
+        ready.scheduler.check_blocks().map_err(|e| e.to_string())
+    }
+
     /// Stop accepting connections; running requests may finish within the grace period.
     pub fn shutdown(&self) {
-        let _ = self.stop.send(true);
+        self.stop.send_replace(true);
     }
 
     /// A handle that stops the server from elsewhere (a signal handler).
     pub fn stopper(&self) -> impl Fn() + Send + Sync + 'static {
         let stop = self.stop.clone();
         move || {
-            let _ = stop.send(true);
+            stop.send_replace(true);
         }
     }
 
-    /// Run until stopped: then wait for open requests, at most the grace period.
+    /// Run until stopped; then refuse new requests, let running ones finish (at most the
+    /// grace period), and close.
     pub async fn wait(self) -> Result<(), ServerError> {
-        let grace = self.state.config.shutdown_grace;
         let mut stopped = self.stop.subscribe();
         let serving = self.serving;
         tokio::pin!(serving);
-        let result = tokio::select! {
-            r = &mut serving => r.map_err(|e| ServerError::Io(std::io::Error::other(e)))?.map_err(ServerError::Io),
-            _ = async {
-                let _ = stopped.wait_for(|&s| s).await;
-                tokio::time::sleep(grace).await;
-            } => {
+        let io = |r: Result<std::io::Result<()>, tokio::task::JoinError>| {
+            r.map_err(|e| ServerError::Io(std::io::Error::other(e)))?.map_err(ServerError::Io)
+        };
+        tokio::select! {
+            r = &mut serving => return io(r),
+            _ = stopped.wait_for(|&s| s) => {}
+        }
+        self.state.draining.store(true, std::sync::atomic::Ordering::Release);
+        let grace = self.state.config.shutdown_grace;
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.state.active.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            if tokio::time::Instant::now() >= deadline {
                 tracing::warn!("requests still running after the {} s grace period; stopping them", grace.as_secs());
-                Ok(())
+                break;
             }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.close.send_replace(true);
+        // Idle keep-alive connections close at once; give stragglers a moment.
+        let result = match tokio::time::timeout(Duration::from_secs(2), &mut serving).await {
+            Ok(r) => io(r),
+            Err(_) => Ok(()),
         };
         if let Some(e) = self.load_error.get() {
             return Err(ServerError::Load(e.clone()));

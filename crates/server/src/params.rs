@@ -31,7 +31,7 @@ pub fn parse_json<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Resu
         let path = e.path().to_string();
         let inner = e.into_inner();
         if path == "." || path.is_empty() {
-            ApiError::bad_request(format!("the body is not valid JSON: {inner}"))
+            ApiError::bad_request(format!("invalid request body: {inner}"))
         } else {
             ApiError::field(&path, inner)
         }
@@ -67,6 +67,11 @@ pub struct GenFields {
     pub top_logprobs: Option<i64>,
     pub ignore_eos: Option<bool>,
     pub user: Option<String>,
+    /// Not served yet: refused rather than ignored, since a client relying on them would get
+    /// output it cannot use.
+    pub response_format: Option<Json>,
+    pub tools: Option<Json>,
+    pub echo: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -99,6 +104,7 @@ pub struct Generation {
 impl GenFields {
     /// Check every field and build the engine's request. `vocab` bounds token ids.
     pub fn generation(&self, style: LogprobsStyle, vocab: usize) -> Result<Generation, ApiError> {
+        self.refuse_unsupported()?;
         let d = SamplingParams::default();
         let sampling = SamplingParams {
             temperature: self.temperature.unwrap_or(d.temperature),
@@ -136,6 +142,24 @@ impl GenFields {
             include_usage: self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
             logprobs,
         })
+    }
+
+    fn refuse_unsupported(&self) -> Result<(), ApiError> {
+        let not_yet = |field: &str, what: &str| Err(ApiError::field(field, format!("{what} is not supported yet")));
+        match &self.response_format {
+            None | Some(Json::Null) => {}
+            Some(f) if f.get("type").and_then(Json::as_str) == Some("text") => {}
+            Some(_) => return not_yet("response_format", "constrained output (JSON mode, JSON schema)"),
+        }
+        match &self.tools {
+            None | Some(Json::Null) => {}
+            Some(Json::Array(t)) if t.is_empty() => {}
+            Some(_) => return not_yet("tools", "tool calling"),
+        }
+        if self.echo == Some(true) {
+            return not_yet("echo", "echoing the prompt");
+        }
+        Ok(())
     }
 
     /// `max_completion_tokens`, `max_tokens` or llama-server's `n_predict` (-1: no limit).

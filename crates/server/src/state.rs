@@ -1,6 +1,6 @@
 //! What every handler shares: the configuration, the model once it has loaded, the metrics.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use onebit_engine::{Engine, Scheduler};
@@ -33,11 +33,22 @@ pub struct AppState {
     ready: OnceLock<Ready>,
     pub metrics: Metrics,
     next_id: AtomicU64,
+    /// Shutting down: new requests are refused while running ones finish.
+    pub draining: AtomicBool,
+    /// Generation requests between submission and their last byte sent.
+    pub active: AtomicUsize,
 }
 
 impl AppState {
     pub fn new(config: ServerConfig) -> AppState {
-        AppState { config, ready: OnceLock::new(), metrics: Metrics::new(), next_id: AtomicU64::new(1) }
+        AppState {
+            config,
+            ready: OnceLock::new(),
+            metrics: Metrics::new(),
+            next_id: AtomicU64::new(1),
+            draining: AtomicBool::new(false),
+            active: AtomicUsize::new(0),
+        }
     }
 
     /// The model, or 503 "Loading model" while it loads.

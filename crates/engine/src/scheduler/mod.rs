@@ -278,10 +278,34 @@ fn resolve(engine: &Engine, mut c: SchedulerConfig) -> Result<SchedulerConfig, E
     Ok(c)
 }
 
-/// Memory the OS could give us now (Linux: `MemAvailable`), if known.
+/// Memory the OS could give us now (Linux: `MemAvailable`), and no more than the room left
+/// under this process's cgroup limit (a container's memory limit), if known.
 fn available_memory() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    let system = kib * 1024;
+    Some(cgroup_room().map_or(system, |room| room.min(system)))
+}
+
+/// The room left under the memory limit of this process's cgroup (v2: `memory.max` −
+/// `memory.current`; v1: `memory.limit_in_bytes` − `memory.usage_in_bytes`); none without one.
+fn cgroup_room() -> Option<u64> {
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok();
+    let root = std::path::Path::new("/sys/fs/cgroup");
+    let rel = |p: &str| p.trim().trim_start_matches('/').to_string();
+    let room = |dir: std::path::PathBuf, max: &str, current: &str| {
+        // v2's "max" (no limit) does not parse: no room to report.
+        let max = read(dir.join(max))?;
+        Some(max.saturating_sub(read(dir.join(current)).unwrap_or(0)))
+    };
+    let v2 = cgroup
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .and_then(|p| room(root.join(rel(p)), "memory.max", "memory.current"));
+    v2.or_else(|| {
+        let p = cgroup.lines().find_map(|l| l.split_once(":memory:").map(|(_, p)| p))?;
+        room(root.join("memory").join(rel(p)), "memory.limit_in_bytes", "memory.usage_in_bytes")
+    })
 }
