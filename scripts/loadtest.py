@@ -115,7 +115,11 @@ async def one_request(client, args, i):
             if chunk.usage is not None:
                 usage = chunk.usage
             for c in chunk.choices:
-                text = c.delta.content if args.endpoint == "chat" else c.text
+                # llama-server sends a thinking model's thoughts as `reasoning_content`: tokens too.
+                if args.endpoint == "chat":
+                    text = c.delta.content or getattr(c.delta, "reasoning_content", None)
+                else:
+                    text = c.text
                 if text:
                     if first is None:
                         first = now

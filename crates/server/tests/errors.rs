@@ -227,3 +227,38 @@ async fn clients_that_go_away_mid_stream_leave_nothing_behind() {
     let (_, metrics) = s.get("/metrics").await;
     assert!(metrics.as_str().unwrap().contains("llamacpp:requests_processing 0"), "{metrics}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_answer_past_the_timeout_is_408_and_is_cancelled() {
+    let config = ServerConfig { timeout: Duration::from_millis(300), ..ServerConfig::default() };
+    let Some(s) = start(config, engine_config()).await else { return };
+    let mut long = chat("Tell me a long story.", 5000);
+    long["ignore_eos"] = json!(true);
+    let (st, b) = s.post("/v1/chat/completions", &long).await;
+    assert_error(st, &b, 408, "invalid_request_error");
+    s.assert_idle_and_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_on_a_whole_answer_cancels_it() {
+    let Some(s) = default_server().await else { return };
+    let mut long = chat("Tell me a long story.", 5000);
+    long["ignore_eos"] = json!(true);
+    let body = long.to_string();
+    let mut conn = std::net::TcpStream::connect(s.server.addr()).unwrap();
+    write!(
+        conn,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    // Wait until it is decoding, then hang up.
+    for _ in 0..500 {
+        if s.server.engine_stats().unwrap().running == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(conn);
+    s.assert_idle_and_clean().await;
+}
