@@ -29,7 +29,7 @@ run_levels() { # name port
   IFS=, read -ra ls <<<"$levels"
   for c in "${ls[@]}"; do
     # Enough requests for stable percentiles, few enough that the slowest server finishes.
-    n=$((c < 4 ? 8 : 2 * c))
+    n=${REQUESTS:-$((c < 4 ? 8 : 2 * c))}
     [ "$c" -lt 64 ] || n=$c
     "$py" scripts/loadtest.py --base-url "http://127.0.0.1:$2/v1" --concurrency "$c" --requests "$n" \
       --max-tokens "$max_tokens" --endpoint "${ENDPOINT:-chat}" --warmup 2 --pid "$pid" --json "$out/$1-c$c.json" | tail -n 3
