@@ -215,3 +215,27 @@ async fn tokenize_detokenize_and_apply_template() {
     assert_eq!(st, 200);
     assert!(p["prompt"].as_str().unwrap().ends_with("<|im_start|>assistant\n"), "{p}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_choices_share_their_prompts_blocks() {
+    let Some(s) = default_server().await else { return };
+    let prompt = "Here is a long text to think about. ".repeat(40);
+    let req = json!({"prompt": prompt, "max_tokens": 4, "n": 4, "temperature": 1.0, "seed": 7});
+    let (st, r) = s.post("/v1/completions", &req).await;
+    assert_eq!(st, 200, "{r}");
+    let n_prompt = r["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(n_prompt > 300, "{n_prompt}");
+    let (_, metrics) = s.get("/metrics").await;
+    let computed: u64 = metrics
+        .as_str()
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("llamacpp:prompt_tokens_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("prompt_tokens_total");
+    // The prompt is computed once; the other choices take its full blocks from the cache and
+    // compute only their last, partial block.
+    let block = onebit_model::BLOCK_TOKENS as u64;
+    assert!(computed <= n_prompt + 3 * block, "computed {computed} prompt tokens for 4 choices of {n_prompt}");
+    s.assert_idle_and_clean().await;
+}
