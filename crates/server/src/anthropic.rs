@@ -22,7 +22,7 @@ use std::sync::Arc;
 use axum::Json as JsonBody;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use onebit_engine::{ChatOptions, Completion, Engine, Event, FinishReason};
 use serde::Deserialize;
@@ -55,11 +55,7 @@ impl IntoResponse for AnthropicError {
         let e = self.0;
         let mut body = e.body();
         body["type"] = json!("error");
-        let mut res = (e.status, JsonBody(body)).into_response();
-        if let Some(secs) = e.retry_after {
-            res.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
-        res
+        e.respond_with(body)
     }
 }
 
@@ -88,20 +84,12 @@ pub async fn count_tokens(
 async fn answer(state: &Arc<AppState>, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
     let ready = state.ready()?;
     let fields: MessageFields = parse_json(headers, body)?;
-    let mut gen_fields: GenFields = parse_json(headers, body)?;
+    let gen_fields: GenFields = parse_json(headers, body)?;
     let max_tokens = gen_fields.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
     if max_tokens < 1 {
         return Err(ApiError::field("max_tokens", format!("must be at least 1, not {max_tokens}")));
     }
-    // The sampling fields share Anthropic's names; the chat API's other names for the limit,
-    // `n` and logprobs have no meaning here and are dropped.
-    gen_fields.max_tokens = Some(max_tokens);
-    gen_fields.max_completion_tokens = None;
-    gen_fields.n_predict = None;
-    gen_fields.n = None;
-    gen_fields.logprobs = None;
-    gen_fields.top_logprobs = None;
-    gen_fields.stream_options = None;
+    let mut gen_fields = gen_fields.sampling_only(Some(max_tokens));
     let named_stops = match &fields.stop_sequences {
         None | Some(Json::Null) => false,
         Some(Json::Array(_)) => true,

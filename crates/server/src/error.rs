@@ -82,13 +82,20 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut res = (self.status, axum::Json(self.body())).into_response();
+impl ApiError {
+    /// The answer for this error with `body` (its own, or an API's variant of it).
+    pub fn respond_with(&self, body: Json) -> Response {
+        let mut res = (self.status, axum::Json(body)).into_response();
         if let Some(secs) = self.retry_after {
             res.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         res
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        self.respond_with(self.body())
     }
 }
 

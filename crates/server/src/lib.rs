@@ -8,9 +8,18 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use onebit_engine::{Engine, Scheduler, SchedulerConfig};
+//! use onebit_model::{Model, ModelOptions};
 //! use onebit_server::{Loaded, ServerConfig};
-//! let server = onebit_server::start(ServerConfig::default(), || -> Result<Loaded, String> {
-//!     unimplemented!("load a model and start its scheduler")
+//!
+//! let server = onebit_server::start(ServerConfig::default(), || {
+//!     let model = Model::load("model.gguf", &ModelOptions::default()).map_err(|e| e.to_string())?;
+//!     let engine = Arc::new(Engine::new(model).map_err(|e| e.to_string())?);
+//!     let pool = onebit_kernels::Pool::new(2);
+//!     let scheduler = Scheduler::start(Arc::clone(&engine), pool, SchedulerConfig::default())
+//!         .map_err(|e| e.to_string())?;
+//!     Ok(Loaded { engine, scheduler, model_path: "model.gguf".into() })
 //! })
 //! .await?;
 //! println!("listening on {}", server.addr());

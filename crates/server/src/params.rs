@@ -144,6 +144,20 @@ impl GenFields {
         })
     }
 
+    /// For the adapter APIs (Responses, Messages): keep the sampling fields, drop the chat API's
+    /// own names for the limit, `n`, logprobs and stream options (they mean nothing there and
+    /// must not contradict the adapter's own), and take `max_tokens` as the limit.
+    pub fn sampling_only(mut self, max_tokens: Option<i64>) -> GenFields {
+        self.max_tokens = max_tokens;
+        self.max_completion_tokens = None;
+        self.n_predict = None;
+        self.n = None;
+        self.logprobs = None;
+        self.top_logprobs = None;
+        self.stream_options = None;
+        self
+    }
+
     fn refuse_unsupported(&self) -> Result<(), ApiError> {
         let not_yet = |field: &str, what: &str| Err(ApiError::field(field, format!("{what} is not supported yet")));
         match &self.response_format {

@@ -51,16 +51,7 @@ pub async fn create(State(state): State<Arc<AppState>>, headers: HeaderMap, body
         Some(n) if n >= 1 => Some(n),
         Some(n) => return Err(ApiError::field("max_output_tokens", format!("must be at least 1, not {n}"))),
     };
-    // The sampling fields keep their names; the chat API's names for the limit, `n` and
-    // logprobs mean nothing here and are dropped so they cannot contradict this API's own.
-    let mut gen_fields: GenFields = parse_json(&headers, &body)?;
-    gen_fields.max_tokens = None;
-    gen_fields.n_predict = None;
-    gen_fields.max_completion_tokens = max_output_tokens;
-    gen_fields.n = None;
-    gen_fields.logprobs = None;
-    gen_fields.top_logprobs = None;
-    gen_fields.stream_options = None;
+    let gen_fields = parse_json::<GenFields>(&headers, &body)?.sampling_only(max_output_tokens);
     let job = gen_fields.generation(LogprobsStyle::Chat, ready.engine.model().config().vocab_size)?;
 
     let messages = input_messages(fields.instructions.as_deref(), fields.input.as_ref())?;

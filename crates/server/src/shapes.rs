@@ -55,16 +55,10 @@ impl Shape {
             Kind::Chat => "chat.completion",
             Kind::Text => "text_completion",
         };
-        json!({
-            "id": self.id,
-            "object": object,
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": FINGERPRINT,
-            "choices": choices,
-            "usage": usage,
-            "timings": timings,
-        })
+        let mut whole = self.frame(object, choices);
+        whole["usage"] = usage;
+        whole["timings"] = timings;
+        whole
     }
 
     /// A streamed chunk with one choice's delta.
@@ -90,11 +84,17 @@ impl Shape {
         self.envelope(vec![choice])
     }
 
+    /// A streamed chunk around `choices`.
     pub fn envelope(&self, choices: Vec<Json>) -> Json {
         let object = match self.kind {
             Kind::Chat => "chat.completion.chunk",
             Kind::Text => "text_completion",
         };
+        self.frame(object, choices)
+    }
+
+    /// What every object of the answer carries, around `choices`.
+    fn frame(&self, object: &str, choices: Vec<Json>) -> Json {
         json!({
             "id": self.id,
             "object": object,
