@@ -46,11 +46,13 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use futures_util::StreamExt;
 use tokio::sync::watch;
 use tower_http::cors::{AllowOrigin, Any, CorsLayer};
 use tower_http::timeout::TimeoutLayer;
@@ -144,6 +146,7 @@ fn router(state: Arc<AppState>) -> Router {
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .layer(middleware::from_fn_with_state(Arc::clone(&state), require_key))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), refuse_when_draining))
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), limit_body))
         .layer(DefaultBodyLimit::max(state.config.body_limit))
         .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, state.config.timeout))
         .layer(middleware::map_response(json_errors))
@@ -188,6 +191,51 @@ async fn refuse_when_draining(State(state): State<Arc<AppState>>, req: Request, 
     next.run(req).await
 }
 
+/// How much of a refused body is still read (and thrown away) before the connection closes.
+const LINGER_BYTES: u64 = 64 << 20;
+const LINGER_TIME: Duration = Duration::from_secs(10);
+
+/// Reads the body up to `--body-limit`. A larger body gets 413, but only after the rest of it
+/// has been read and dropped (up to [`LINGER_BYTES`] or [`LINGER_TIME`]): closing a socket with
+/// unread data resets it, and the client would see a broken pipe instead of the answer.
+async fn limit_body(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let limit = state.config.body_limit;
+    let (parts, body) = req.into_parts();
+    let declared = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let too_large = || {
+        let mut res = ApiError::from_status(StatusCode::PAYLOAD_TOO_LARGE, TOO_LARGE.into()).into_response();
+        res.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        res
+    };
+    if declared.is_some_and(|n| n > LINGER_BYTES) {
+        return too_large();
+    }
+    let mut stream = body.into_data_stream();
+    let mut kept = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let Ok(chunk) = chunk else {
+            return ApiError::bad_request("the request body could not be read").into_response();
+        };
+        if kept.len() + chunk.len() > limit {
+            let mut seen = (kept.len() + chunk.len()) as u64;
+            let drain = async {
+                while let Some(Ok(c)) = stream.next().await {
+                    seen += c.len() as u64;
+                    if seen > LINGER_BYTES {
+                        break;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(LINGER_TIME, drain).await;
+            return too_large();
+        }
+        kept.extend_from_slice(&chunk);
+    }
+    next.run(Request::from_parts(parts, Body::from(kept))).await
+}
+
+const TOO_LARGE: &str = "the request body is larger than the server's limit (--body-limit)";
+
 /// Compare without stopping at the first difference, so that timing does not reveal a key.
 fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -207,7 +255,7 @@ async fn json_errors(res: Response) -> Response {
     }
     let body = axum::body::to_bytes(res.into_body(), 64 << 10).await.unwrap_or_default();
     let message = match status {
-        StatusCode::PAYLOAD_TOO_LARGE => "the request body is larger than the server's limit (--body-limit)".into(),
+        StatusCode::PAYLOAD_TOO_LARGE => TOO_LARGE.into(),
         StatusCode::REQUEST_TIMEOUT => "the request took longer than the server's --timeout".into(),
         _ => String::from_utf8_lossy(&body).into_owned(),
     };

@@ -118,6 +118,25 @@ async fn oversized_bodies_get_413() {
     let Some(s) = start(config, engine_config()).await else { return };
     let (st, b) = s.post("/v1/chat/completions", &chat(&"x".repeat(10_000), 2)).await;
     assert_error(st, &b, 413, "invalid_request_error");
+    // Without a Content-Length the limit is found while reading; the client still gets the
+    // answer (the rest of the body is read and dropped, not reset).
+    let addr = s.server.addr();
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        c.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n").unwrap();
+        c.write_all(b"Transfer-Encoding: chunked\r\n\r\n").unwrap();
+        for _ in 0..64 {
+            c.write_all(format!("{:x}\r\n{}\r\n", 8192, "x".repeat(8192)).as_bytes()).unwrap();
+        }
+        c.write_all(b"0\r\n\r\n").unwrap();
+        let mut text = String::new();
+        c.read_to_string(&mut text).unwrap();
+        text
+    })
+    .await
+    .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("--body-limit"), "{answer}");
 }
 
 /// Requests no client should send: each gets a 4xx, and the server goes on serving.
