@@ -21,6 +21,11 @@ pub enum EngineError {
     #[error("invalid request: {0}")]
     BadRequest(String),
 
+    /// A schema or grammar that llguidance cannot compile (its message), or GBNF that has no
+    /// Lark equivalent.
+    #[error("invalid grammar: {0}")]
+    Grammar(String),
+
     #[error("the server is busy: {in_flight} requests are already running or waiting; try again later")]
     Busy { in_flight: usize },
 

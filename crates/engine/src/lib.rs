@@ -24,6 +24,7 @@
 //! ```
 
 mod blocks;
+pub mod constraint;
 mod error;
 mod request;
 pub mod sampling;
@@ -34,6 +35,7 @@ use onebit_model::Model;
 use onebit_tokenizer::{ChatRequest, ChatTemplate, Tokenizer};
 use serde_json::{Map, Value as Json};
 
+pub use constraint::{Constraint, Grammar};
 pub use error::{EngineError, ParamError};
 pub use request::{Completion, Event, EventSink, FinishReason, Flow, GenerateRequest, RequestHandle, Timings, Usage};
 pub use sampling::{Sampler, SamplingParams, TokenLogprobs};

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::EngineError;
+use crate::constraint::Constraint;
 use crate::sampling::{SamplingParams, TokenLogprobs};
 
 /// What to generate.
@@ -25,6 +26,8 @@ pub struct GenerateRequest {
     pub ignore_eos: bool,
     /// Set from elsewhere (a Ctrl-C handler, a closed connection) to stop early.
     pub cancel: Option<Arc<AtomicBool>>,
+    /// What the output must look like (none: anything).
+    pub constraint: Option<Constraint>,
 }
 
 /// Why generation ended.

@@ -128,9 +128,10 @@ impl From<EngineError> for ApiError {
             EngineError::ShutDown => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", "the server is shutting down")
             }
-            EngineError::EmptyPrompt | EngineError::BadRequest(_) | EngineError::Tokenizer(_) => {
-                ApiError::bad_request(e.to_string())
-            }
+            EngineError::EmptyPrompt
+            | EngineError::BadRequest(_)
+            | EngineError::Grammar(_)
+            | EngineError::Tokenizer(_) => ApiError::bad_request(e.to_string()),
             _ => ApiError::internal(e.to_string()),
         }
     }

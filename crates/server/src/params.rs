@@ -134,6 +134,7 @@ impl GenFields {
             logprobs: logprobs.then_some(top),
             ignore_eos: self.ignore_eos.unwrap_or(false),
             cancel: None,
+            constraint: None,
         };
         Ok(Generation {
             request,
