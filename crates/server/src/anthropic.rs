@@ -89,7 +89,7 @@ async fn answer(state: &Arc<AppState>, headers: &HeaderMap, body: &[u8]) -> Resu
     if max_tokens < 1 {
         return Err(ApiError::field("max_tokens", format!("must be at least 1, not {max_tokens}")));
     }
-    let mut gen_fields = gen_fields.sampling_only(Some(max_tokens));
+    let mut gen_fields = gen_fields.sampling_only(Some(max_tokens))?;
     let named_stops = match &fields.stop_sequences {
         None | Some(Json::Null) => false,
         Some(Json::Array(_)) => true,

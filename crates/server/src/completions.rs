@@ -12,6 +12,7 @@ use onebit_engine::{ChatOptions, Completion, TokenLogprobs};
 use serde::Deserialize;
 use serde_json::{Map, Value as Json};
 
+use crate::chat_output::{OutputPlan, ToolFields};
 use crate::error::ApiError;
 use crate::generate::{Running, unix_now};
 use crate::params::{GenFields, Generation, LogprobsStyle, normalize_messages, parse_json};
@@ -35,13 +36,23 @@ pub async fn chat(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
     let ready = state.ready()?;
     let fields: ChatFields = parse_json(&headers, &body)?;
     let gen_fields: GenFields = parse_json(&headers, &body)?;
-    let job = gen_fields.generation(LogprobsStyle::Chat, ready.engine.model().config().vocab_size)?;
+    let tool_fields: ToolFields = parse_json(&headers, &body)?;
+    let mut job = gen_fields.generation(LogprobsStyle::Chat, ready.engine.model().config().vocab_size)?;
+    let tools = tool_fields.check(state.config.reasoning_format)?;
     let messages = normalize_messages(&fields.messages)?;
-    let opts = ChatOptions { extra: fields.chat_template_kwargs.unwrap_or_default() };
-    let prompt = ready.engine.chat_prompt(&messages, &opts)?;
+    let (messages, extra) =
+        tools.prompt_inputs(&ready.chat_format, messages, fields.chat_template_kwargs.unwrap_or_default());
+    let prompt = ready.engine.chat_prompt(&messages, &ChatOptions { extra })?;
+    if let Some(c) = tools.constraint(&ready.chat_format, &prompt, ready.engine.tokenizer())? {
+        if job.request.constraint.is_some() {
+            return Err(ApiError::field("tools", "cannot be combined with response_format, json_schema or grammar"));
+        }
+        job.request.constraint = Some(c);
+    }
     let ids = ready.engine.tokenize(&prompt, true)?;
     let id = state.request_id("chatcmpl-");
-    answer(&state, ready, vec![ids], job, Kind::Chat, "chat", id).await
+    let output = OutputPlan::needed(&ready.chat_format, &tools, &prompt);
+    answer(&state, ready, vec![ids], job, Kind::Chat, output, "chat", id).await
 }
 
 pub async fn text(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
@@ -52,7 +63,7 @@ pub async fn text(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
     let job = gen_fields.generation(LogprobsStyle::Legacy, vocab)?;
     let prompts = prompts(ready, &fields.prompt)?;
     let id = state.request_id("cmpl-");
-    answer(&state, ready, prompts, job, Kind::Text, "completions", id).await
+    answer(&state, ready, prompts, job, Kind::Text, None, "completions", id).await
 }
 
 async fn answer(
@@ -61,11 +72,12 @@ async fn answer(
     prompts: Vec<Vec<u32>>,
     job: Generation,
     kind: Kind,
+    output: Option<OutputPlan>,
     endpoint: &'static str,
     id: String,
 ) -> Result<Response, ApiError> {
-    let shape =
-        Shape { kind, id: id.clone(), model: ready.model_id.clone(), created: unix_now(), logprobs: job.logprobs };
+    let model = ready.model_id.clone();
+    let shape = Shape { kind, id: id.clone(), model, created: unix_now(), logprobs: job.logprobs, output };
     let running = Running::submit(state, ready, prompts, &job, endpoint, id)?;
     if job.stream {
         return Ok(stream::respond(running, shape, job.include_usage));

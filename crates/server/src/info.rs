@@ -180,8 +180,10 @@ pub async fn apply_template(
 ) -> Result<Response, ApiError> {
     let ready = state.ready()?;
     let req: TemplateBody = parse_json(&headers, &body)?;
+    let tools = parse_json::<crate::chat_output::ToolFields>(&headers, &body)?.check(state.config.reasoning_format)?;
     let messages = normalize_messages(&req.messages)?;
-    let opts = ChatOptions { extra: req.chat_template_kwargs.unwrap_or_default() };
-    let prompt = ready.engine.chat_prompt(&messages, &opts)?;
+    let (messages, extra) =
+        tools.prompt_inputs(&ready.chat_format, messages, req.chat_template_kwargs.unwrap_or_default());
+    let prompt = ready.engine.chat_prompt(&messages, &ChatOptions { extra })?;
     Ok(JsonBody(json!({ "prompt": prompt })).into_response())
 }

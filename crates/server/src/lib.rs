@@ -29,6 +29,7 @@
 
 mod adapter_stream;
 mod anthropic;
+mod chat_output;
 mod completions;
 mod error;
 mod generate;
@@ -53,10 +54,12 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures_util::StreamExt;
+use onebit_engine::chat_format::ReasoningFormat;
 use tokio::sync::watch;
 use tower_http::cors::{AllowOrigin, Any, CorsLayer};
 use tower_http::timeout::TimeoutLayer;
 
+pub use chat_output::parse_reasoning_format;
 pub use error::ApiError;
 use state::AppState;
 pub use state::Loaded;
@@ -80,6 +83,8 @@ pub struct ServerConfig {
     pub body_limit: usize,
     /// After SIGINT/SIGTERM, how long running requests may take to finish.
     pub shutdown_grace: Duration,
+    /// Where a thinking model's thoughts go: `reasoning_content` (Deepseek) or `content` (None).
+    pub reasoning_format: ReasoningFormat,
 }
 
 impl Default for ServerConfig {
@@ -94,6 +99,7 @@ impl Default for ServerConfig {
             alias: None,
             body_limit: 8 << 20,
             shutdown_grace: Duration::from_secs(30),
+            reasoning_format: ReasoningFormat::Deepseek,
         }
     }
 }

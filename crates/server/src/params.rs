@@ -4,7 +4,7 @@
 //! fields are ignored, as OpenAI clients send many.
 
 use axum::http::{HeaderMap, header};
-use onebit_engine::{GenerateRequest, SamplingParams};
+use onebit_engine::{Constraint, GenerateRequest, Grammar, SamplingParams};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value as Json};
@@ -67,10 +67,14 @@ pub struct GenFields {
     pub top_logprobs: Option<i64>,
     pub ignore_eos: Option<bool>,
     pub user: Option<String>,
-    /// Not served yet: refused rather than ignored, since a client relying on them would get
-    /// output it cannot use.
+    /// Structured output: OpenAI's `response_format`, llama-server's `json_schema` and `grammar`.
     pub response_format: Option<Json>,
+    pub json_schema: Option<Json>,
+    pub grammar: Option<String>,
+    /// Read by the chat endpoint; the adapter APIs refuse it (see [`GenFields::sampling_only`]).
     pub tools: Option<Json>,
+    /// Not served: refused rather than ignored, since a client relying on it would get output
+    /// it cannot use.
     pub echo: Option<bool>,
 }
 
@@ -134,7 +138,7 @@ impl GenFields {
             logprobs: logprobs.then_some(top),
             ignore_eos: self.ignore_eos.unwrap_or(false),
             cancel: None,
-            constraint: None,
+            constraint: self.constraint()?,
         };
         Ok(Generation {
             request,
@@ -148,7 +152,10 @@ impl GenFields {
     /// For the adapter APIs (Responses, Messages): keep the sampling fields, drop the chat API's
     /// own names for the limit, `n`, logprobs and stream options (they mean nothing there and
     /// must not contradict the adapter's own), and take `max_tokens` as the limit.
-    pub fn sampling_only(mut self, max_tokens: Option<i64>) -> GenFields {
+    pub fn sampling_only(mut self, max_tokens: Option<i64>) -> Result<GenFields, ApiError> {
+        if self.tools.as_ref().is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty())) {
+            return Err(ApiError::field("tools", "tool calling is served by /v1/chat/completions only"));
+        }
         self.max_tokens = max_tokens;
         self.max_completion_tokens = None;
         self.n_predict = None;
@@ -156,25 +163,45 @@ impl GenFields {
         self.logprobs = None;
         self.top_logprobs = None;
         self.stream_options = None;
-        self
+        Ok(self)
     }
 
     fn refuse_unsupported(&self) -> Result<(), ApiError> {
-        let not_yet = |field: &str, what: &str| Err(ApiError::field(field, format!("{what} is not supported yet")));
-        match &self.response_format {
-            None | Some(Json::Null) => {}
-            Some(f) if f.get("type").and_then(Json::as_str) == Some("text") => {}
-            Some(_) => return not_yet("response_format", "constrained output (JSON mode, JSON schema)"),
-        }
-        match &self.tools {
-            None | Some(Json::Null) => {}
-            Some(Json::Array(t)) if t.is_empty() => {}
-            Some(_) => return not_yet("tools", "tool calling"),
-        }
         if self.echo == Some(true) {
-            return not_yet("echo", "echoing the prompt");
+            return Err(ApiError::field("echo", "echoing the prompt is not supported"));
         }
         Ok(())
+    }
+
+    /// The output constraint asked for: `response_format` (OpenAI's JSON mode and JSON schema,
+    /// or llama-server's `{"type": "json_object", "schema": ...}`), llama-server's `json_schema`,
+    /// or `grammar` (GBNF, or llguidance's Lark when it starts with `%llguidance`). At most one.
+    fn constraint(&self) -> Result<Option<Constraint>, ApiError> {
+        let mut found: Vec<(&str, Grammar)> = Vec::new();
+        if let Some(g) = response_format(self.response_format.as_ref())? {
+            found.push(("response_format", g));
+        }
+        match &self.json_schema {
+            None | Some(Json::Null) => {}
+            Some(s @ (Json::Object(_) | Json::Bool(_))) => found.push(("json_schema", Grammar::JsonSchema(s.clone()))),
+            Some(_) => return Err(ApiError::field("json_schema", "must be a JSON schema object")),
+        }
+        if let Some(g) = self.grammar.as_deref().filter(|g| !g.trim().is_empty()) {
+            let grammar = if g.trim_start().starts_with("%llguidance") {
+                Grammar::Lark(g.to_string())
+            } else {
+                Grammar::Gbnf(g.to_string())
+            };
+            found.push(("grammar", grammar));
+        }
+        match found.len() {
+            0 => Ok(None),
+            1 => Ok(found.pop().map(|(_, g)| Constraint::new(g))),
+            _ => {
+                let names: Vec<&str> = found.iter().map(|(n, _)| *n).collect();
+                Err(ApiError::field(names[1], format!("cannot be combined with {}: send one constraint", names[0])))
+            }
+        }
     }
 
     /// `max_completion_tokens`, `max_tokens` or llama-server's `n_predict` (-1: no limit).
@@ -226,6 +253,41 @@ impl GenFields {
                 Some(_) => Err(ApiError::field("logprobs", "must be an integer (alternatives per token)")),
             },
         }
+    }
+}
+
+/// OpenAI's `response_format`.
+fn response_format(v: Option<&Json>) -> Result<Option<Grammar>, ApiError> {
+    let Some(f) = v.filter(|f| !f.is_null()) else { return Ok(None) };
+    let field = "response_format";
+    let schema_of = |s: &Json, name: &str| match s {
+        Json::Object(_) | Json::Bool(_) => Ok(Grammar::JsonSchema(s.clone())),
+        _ => Err(ApiError::field(name, "must be a JSON schema object")),
+    };
+    match f.get("type").and_then(Json::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => match f.get("schema") {
+            None | Some(Json::Null) => Ok(Some(Grammar::JsonObject)),
+            Some(s) => schema_of(s, "response_format.schema").map(Some),
+        },
+        Some("json_schema") => {
+            let inner = f.get("json_schema").ok_or_else(|| {
+                ApiError::field(field, "of type json_schema needs a \"json_schema\": {\"name\", \"schema\"} object")
+            })?;
+            // OpenAI nests the schema under "schema"; llama-server also took it bare.
+            match inner.get("schema") {
+                Some(s) => schema_of(s, "response_format.json_schema.schema").map(Some),
+                None if inner.get("type").is_some() || inner.get("properties").is_some() => {
+                    schema_of(inner, "response_format.json_schema").map(Some)
+                }
+                None => Err(ApiError::field("response_format.json_schema", "needs a \"schema\"")),
+            }
+        }
+        Some(other) => Err(ApiError::field(
+            field,
+            format!("type must be text, json_object or json_schema, not '{other}'"),
+        )),
+        None => Err(ApiError::field(field, "needs a \"type\"")),
     }
 }
 
@@ -319,6 +381,7 @@ pub fn normalize_messages(messages: &[Json]) -> Result<Vec<Json>, ApiError> {
                 }
             };
             out.insert("content".into(), content);
+            crate::chat_output::parse_call_arguments(&mut out);
             Ok(Json::Object(out))
         })
         .collect()

@@ -51,7 +51,7 @@ pub async fn create(State(state): State<Arc<AppState>>, headers: HeaderMap, body
         Some(n) if n >= 1 => Some(n),
         Some(n) => return Err(ApiError::field("max_output_tokens", format!("must be at least 1, not {n}"))),
     };
-    let gen_fields = parse_json::<GenFields>(&headers, &body)?.sampling_only(max_output_tokens);
+    let gen_fields = parse_json::<GenFields>(&headers, &body)?.sampling_only(max_output_tokens)?;
     let job = gen_fields.generation(LogprobsStyle::Chat, ready.engine.model().config().vocab_size)?;
 
     let messages = input_messages(fields.instructions.as_deref(), fields.input.as_ref())?;

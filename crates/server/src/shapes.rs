@@ -5,6 +5,7 @@ use onebit_engine::{Completion, TokenLogprobs};
 use onebit_tokenizer::Tokenizer;
 use serde_json::{Value as Json, json};
 
+use crate::chat_output::{self, OutputPlan};
 use crate::generate::finish_reason;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,6 +22,8 @@ pub struct Shape {
     pub created: u64,
     /// Whether logprobs go into the answer.
     pub logprobs: bool,
+    /// How the model's text becomes a chat message (none: all of it is `content`).
+    pub output: Option<OutputPlan>,
 }
 
 pub const FINGERPRINT: &str = concat!("onebit-", env!("CARGO_PKG_VERSION"));
@@ -40,14 +43,26 @@ impl Shape {
             .map(|(i, (c, lps))| {
                 let logprobs = if self.logprobs { self.logprobs_json(tok, lps, 0) } else { Json::Null };
                 let finish = finish_reason(c.finish);
-                match self.kind {
-                    Kind::Chat => json!({
+                match (self.kind, &self.output) {
+                    (Kind::Chat, None) => json!({
                         "index": i,
                         "message": { "role": "assistant", "content": c.text },
                         "logprobs": logprobs,
                         "finish_reason": finish,
                     }),
-                    Kind::Text => json!({ "index": i, "text": c.text, "logprobs": logprobs, "finish_reason": finish }),
+                    (Kind::Chat, Some(plan)) => {
+                        let m = plan.message(&c.text);
+                        let finish = chat_output::finish_with(!m.tool_calls.is_empty(), finish);
+                        json!({
+                            "index": i,
+                            "message": chat_output::message_json(&m),
+                            "logprobs": logprobs,
+                            "finish_reason": finish,
+                        })
+                    }
+                    (Kind::Text, _) => {
+                        json!({ "index": i, "text": c.text, "logprobs": logprobs, "finish_reason": finish })
+                    }
                 }
             })
             .collect();
@@ -63,19 +78,24 @@ impl Shape {
 
     /// A streamed chunk with one choice's delta.
     pub fn chunk(&self, index: usize, text: Option<&str>, logprobs: Json, finish: Option<&str>) -> Json {
-        let choice = match self.kind {
+        match self.kind {
             Kind::Chat => {
                 let delta = match text {
                     Some(t) => json!({ "content": t }),
                     None => json!({}),
                 };
-                json!({ "index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish })
+                self.delta_chunk(index, delta, logprobs, finish)
             }
             Kind::Text => {
-                json!({ "index": index, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish })
+                let choice = json!({ "index": index, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish });
+                self.envelope(vec![choice])
             }
-        };
-        self.envelope(vec![choice])
+        }
+    }
+
+    /// A streamed chat chunk with one choice's `delta` object.
+    pub fn delta_chunk(&self, index: usize, delta: Json, logprobs: Json, finish: Option<&str>) -> Json {
+        self.envelope(vec![json!({ "index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish })])
     }
 
     /// The first chunk of a chat choice: the role.

@@ -3,6 +3,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use onebit_engine::chat_format::ChatFormat;
 use onebit_engine::{Engine, Scheduler};
 
 use crate::ServerConfig;
@@ -26,6 +27,8 @@ pub struct Ready {
     pub model_id: String,
     /// When it became ready (`created` of `/v1/models`).
     pub created: u64,
+    /// How its chat template writes tool calls and thinking.
+    pub chat_format: Arc<ChatFormat>,
 }
 
 pub struct AppState {
@@ -66,7 +69,10 @@ impl AppState {
                 .file_name()
                 .map_or_else(|| loaded.model_path.clone(), |f| f.to_string_lossy().into_owned())
         });
+        let chat_format = Arc::new(ChatFormat::detect(loaded.engine.chat_template_source()));
+        tracing::info!(tools = ?chat_format.tool_format(), thinking = chat_format.has_thinking(), "chat format");
         let ready = Ready {
+            chat_format,
             engine: loaded.engine,
             scheduler: loaded.scheduler,
             model_path: loaded.model_path,

@@ -10,9 +10,11 @@ use std::time::Duration;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream;
+use onebit_engine::chat_format::OutputParser;
 use onebit_engine::{Completion, Event};
 use serde_json::{Value as Json, json};
 
+use crate::chat_output::{delta_json, finish_with};
 use crate::error::ApiError;
 use crate::generate::{Running, finish_reason};
 use crate::shapes::{Kind, Shape};
@@ -29,12 +31,17 @@ struct StreamState {
     /// Per choice: text sent so far (bytes, for the legacy logprobs' offsets).
     sent: Vec<usize>,
     completions: Vec<Option<Completion>>,
+    /// Per choice, when the chat's text is parsed (tools, thinking).
+    parsers: Vec<Option<OutputParser>>,
+    /// Per choice: whether it made tool calls.
+    called: Vec<bool>,
     over: bool,
 }
 
 /// The SSE response for a running request.
 pub fn respond(running: Running, shape: Shape, include_usage: bool) -> Response {
     let n = running.n_choices();
+    let parsers = (0..n).map(|_| shape.output.as_ref().map(|p| p.parser())).collect();
     let mut st = StreamState {
         running,
         shape,
@@ -42,6 +49,8 @@ pub fn respond(running: Running, shape: Shape, include_usage: bool) -> Response 
         out: VecDeque::new(),
         sent: vec![0; n],
         completions: (0..n).map(|_| None).collect(),
+        parsers,
+        called: vec![false; n],
         over: false,
     };
     if st.shape.kind == Kind::Chat {
@@ -88,17 +97,20 @@ impl StreamState {
                     return;
                 }
                 self.sent[i] += text.len();
-                let chunk = self.shape.chunk(i, Some(&text), lp, None);
-                self.push(&chunk);
+                self.text(i, &text, lp);
             }
             Event::Text { text } => {
                 self.sent[i] += text.len();
-                let chunk = self.shape.chunk(i, Some(&text), Json::Null, None);
-                self.push(&chunk);
+                self.text(i, &text, Json::Null);
             }
             Event::Prefilled { .. } => {}
             Event::Done(Ok(c)) => {
-                let mut chunk = self.shape.chunk(i, None, Json::Null, Some(finish_reason(c.finish)));
+                if let Some(p) = self.parsers[i].as_mut() {
+                    let deltas = p.finish();
+                    self.deltas(i, deltas, Json::Null);
+                }
+                let finish = finish_with(self.called[i], finish_reason(c.finish));
+                let mut chunk = self.shape.chunk(i, None, Json::Null, Some(finish));
                 if self.shape.kind == Kind::Text {
                     chunk["choices"][0]["text"] = json!("");
                 }
@@ -118,6 +130,35 @@ impl StreamState {
                 }
             }
             Event::Done(Err(e)) => self.fail(e.into()),
+        }
+    }
+
+    /// New text of choice `i`: as it is, or through the choice's parser.
+    fn text(&mut self, i: usize, text: &str, logprobs: Json) {
+        match self.parsers[i].as_mut() {
+            None => {
+                let chunk = self.shape.chunk(i, Some(text), logprobs, None);
+                self.push(&chunk);
+            }
+            Some(p) => {
+                let deltas = p.push(text);
+                self.deltas(i, deltas, logprobs);
+            }
+        }
+    }
+
+    /// Parsed deltas as chunks; the token's logprobs ride on the first (or on an empty delta
+    /// when the parser holds the text back).
+    fn deltas(&mut self, i: usize, deltas: Vec<onebit_engine::chat_format::ChatDelta>, mut logprobs: Json) {
+        let objects: Vec<Json> = deltas.iter().flat_map(delta_json).collect();
+        if objects.is_empty() && !logprobs.is_null() {
+            let chunk = self.shape.delta_chunk(i, json!({}), logprobs, None);
+            return self.push(&chunk);
+        }
+        for d in objects {
+            self.called[i] |= d.get("tool_calls").is_some();
+            let chunk = self.shape.delta_chunk(i, d, std::mem::take(&mut logprobs), None);
+            self.push(&chunk);
         }
     }
 

@@ -55,6 +55,10 @@ pub struct Args {
     /// Seconds running requests get to finish after SIGINT or SIGTERM.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub shutdown_grace: u64,
+    /// Where a thinking model's `<think>` block goes: `deepseek` (or `auto`): into
+    /// `reasoning_content`; `none`: left in `content`.
+    #[arg(long, default_value = "auto", value_parser = ["none", "deepseek", "auto"], value_name = "FORMAT")]
+    pub reasoning_format: String,
 }
 
 pub fn run(args: Args) -> Result<u8> {
@@ -111,6 +115,7 @@ fn server_config(args: &Args) -> Result<ServerConfig> {
         alias: args.alias.clone(),
         body_limit: args.body_limit.saturating_mul(1 << 20),
         shutdown_grace: Duration::from_secs(args.shutdown_grace),
+        reasoning_format: onebit_server::parse_reasoning_format(&args.reasoning_format).map_err(anyhow::Error::msg)?,
     })
 }
 

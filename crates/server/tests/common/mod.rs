@@ -24,13 +24,26 @@ pub fn engine_config() -> SchedulerConfig {
 }
 
 /// Start a server on the demo model; `None` (the test skips) when the model is not cached.
-pub async fn start(mut config: ServerConfig, engine: SchedulerConfig) -> Option<TestServer> {
-    let path = onebit_testkit::demo_model()?;
+pub async fn start(config: ServerConfig, engine: SchedulerConfig) -> Option<TestServer> {
+    start_model(onebit_testkit::demo_model()?, None, config, engine).await
+}
+
+/// Start a server on any model, with a chat template of its own (`--chat-template-file`).
+pub async fn start_model(
+    path: std::path::PathBuf,
+    template: Option<String>,
+    mut config: ServerConfig,
+    engine: SchedulerConfig,
+) -> Option<TestServer> {
     config.host = "127.0.0.1".into();
     config.port = 0;
     let server = onebit_server::start(config, move || {
         let model = Model::load(&path, &ModelOptions::default()).map_err(|e| e.to_string())?;
-        let engine_ = Arc::new(Engine::new(model).map_err(|e| e.to_string())?);
+        let mut eng = Engine::new(model).map_err(|e| e.to_string())?;
+        if let Some(t) = &template {
+            eng.set_chat_template(t).map_err(|e| e.to_string())?;
+        }
+        let engine_ = Arc::new(eng);
         let scheduler = Scheduler::start(Arc::clone(&engine_), Pool::new(2), engine).map_err(|e| e.to_string())?;
         Ok(Loaded { engine: engine_, scheduler, model_path: path.display().to_string() })
     })
