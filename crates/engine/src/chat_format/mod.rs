@@ -1,0 +1,221 @@
+//! Chat output formats: how a model writes tool calls and thinking, read from its chat
+//! template's source, and the two things the server needs from that:
+//!
+//! - an [`OutputParser`] that splits the model's output (streamed or whole) into reasoning,
+//!   content and tool calls, holding back text that may still become a marker;
+//! - the constraint for `tool_choice` ([`ChatFormat::tool_constraint`]): an llguidance Lark
+//!   grammar over the format's call syntax, built from each tool's parameter schema.
+//!
+//! Formats: Hermes/Qwen (`<tool_call>{json}</tool_call>`), Llama 3.x (a bare JSON call or
+//! `<|python_tag|>` + JSON), Mistral (`[TOOL_CALLS][...]` and `[TOOL_CALLS]name[ARGS]{...}`),
+//! Qwen3-Coder's XML (`<tool_call><function=f><parameter=p>v</parameter></function></tool_call>`),
+//! and a generic JSON answer for templates that do not render tools (onebit describes the
+//! tools in a system message, [`ChatFormat::messages_with_tools`]). Thinking is
+//! `<think>`…`</think>` wherever the template mentions both tags.
+//!
+//! The detection looks only at the template's text, so every request of one model is treated
+//! the same way.
+
+mod grammar;
+mod parse;
+
+#[cfg(test)]
+mod grammar_tests;
+#[cfg(test)]
+mod tests;
+
+use serde_json::Value as Json;
+
+pub use parse::{ChatDelta, OutputParser, ParsedMessage, ToolCall};
+
+/// How a model writes tool calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolFormat {
+    /// `<tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>`, repeated (Hermes, Qwen).
+    Hermes,
+    /// `{"name": "f", "parameters": {...}}` as the whole answer, or after `<|python_tag|>`.
+    Llama3,
+    /// `[TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]` or `[TOOL_CALLS]f[ARGS]{...}`.
+    Mistral,
+    /// Qwen3-Coder: `<tool_call>\n<function=f>\n<parameter=p>\nvalue\n</parameter>\n</function>\n</tool_call>`.
+    QwenXml,
+    /// The template knows no tools: onebit describes them in a system message and the model
+    /// answers with one JSON object (`{"tool_call": ...}`, `{"tool_calls": [...]}` or
+    /// `{"response": "..."}`).
+    Generic,
+}
+
+/// Where thinking goes (llama-server's `--reasoning-format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReasoningFormat {
+    /// Thinking stays in the content, tags included.
+    None,
+    /// Thinking goes to `reasoning_content`, without its tags.
+    #[default]
+    Deepseek,
+}
+
+/// OpenAI's `tool_choice`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToolChoice {
+    None,
+    Auto,
+    Required,
+    Named(String),
+}
+
+impl ToolChoice {
+    /// `"none"`, `"auto"`, `"required"` or `{"type": "function", "function": {"name": ...}}`.
+    pub fn from_json(v: &Json) -> Result<ToolChoice, String> {
+        match v {
+            Json::String(s) => match s.as_str() {
+                "none" => Ok(ToolChoice::None),
+                "auto" => Ok(ToolChoice::Auto),
+                "required" => Ok(ToolChoice::Required),
+                other => Err(format!("tool_choice: unknown value {other:?} (none, auto, required or a function)")),
+            },
+            Json::Object(o) => {
+                if let Some(t) = o.get("type").and_then(Json::as_str)
+                    && t != "function"
+                {
+                    return Err(format!("tool_choice: unknown type {t:?}"));
+                }
+                // The Responses API puts the name beside the type; Chat Completions nests it.
+                let name = o.get("function").and_then(|f| f.get("name")).or_else(|| o.get("name"));
+                match name.and_then(Json::as_str) {
+                    Some(n) if !n.is_empty() => Ok(ToolChoice::Named(n.to_string())),
+                    _ => Err("tool_choice: a function choice needs function.name".into()),
+                }
+            }
+            _ => Err("tool_choice must be a string or an object".into()),
+        }
+    }
+}
+
+/// A model's output conventions, detected from its chat template.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChatFormat {
+    tool_format: ToolFormat,
+    thinking: bool,
+}
+
+/// The thinking tags (the only ones in use among the supported templates).
+pub const THINK_OPEN: &str = "<think>";
+pub const THINK_CLOSE: &str = "</think>";
+
+impl ChatFormat {
+    /// The format of a template (`None`: no template, so the generic one).
+    pub fn detect(template_source: Option<&str>) -> ChatFormat {
+        let src = template_source.unwrap_or("");
+        let tool_format = if src.contains("<tool_call>") && src.contains("<function=") {
+            ToolFormat::QwenXml
+        } else if src.contains("<tool_call>") {
+            ToolFormat::Hermes
+        } else if src.contains("[TOOL_CALLS]") {
+            ToolFormat::Mistral
+        } else if src.contains("<|python_tag|>") || (src.contains("<|start_header_id|>") && src.contains("ipython")) {
+            ToolFormat::Llama3
+        } else {
+            ToolFormat::Generic
+        };
+        let thinking = src.contains(THINK_OPEN) && src.contains(THINK_CLOSE);
+        ChatFormat { tool_format, thinking }
+    }
+
+    /// A format chosen by hand (tests, or a server flag overriding the detection).
+    pub fn new(tool_format: ToolFormat, thinking: bool) -> ChatFormat {
+        ChatFormat { tool_format, thinking }
+    }
+
+    pub fn tool_format(&self) -> ToolFormat {
+        self.tool_format
+    }
+
+    /// Whether the model may think (`<think>`…`</think>`).
+    pub fn has_thinking(&self) -> bool {
+        self.thinking
+    }
+
+    /// Whether the rendered prompt ends inside thinking (it ends with `<think>`, whitespace
+    /// aside: DeepSeek-R1's generation prompt), so the output starts without the open tag.
+    pub fn prompt_opens_thinking(&self, rendered_prompt: &str) -> bool {
+        self.thinking && rendered_prompt.trim_end().ends_with(THINK_OPEN)
+    }
+
+    /// The messages to render. Only the generic format changes them: the tools and the answer
+    /// format are described in a system message (merged into the first one if there is one),
+    /// since the template itself would drop the tools.
+    pub fn messages_with_tools(&self, messages: &[Json], tools: &[Json]) -> Vec<Json> {
+        let mut out = messages.to_vec();
+        if self.tool_format != ToolFormat::Generic || tools.is_empty() {
+            return out;
+        }
+        let text = generic_tools_prompt(tools);
+        match out.first_mut() {
+            Some(first) if first.get("role").and_then(Json::as_str) == Some("system") => {
+                let merged = match first.get("content") {
+                    Some(Json::String(s)) if !s.is_empty() => format!("{s}\n\n{text}"),
+                    _ => text,
+                };
+                first["content"] = Json::String(merged);
+            }
+            _ => out.insert(0, serde_json::json!({ "role": "system", "content": text })),
+        }
+        out
+    }
+
+    /// The constraint for `tool_choice`, or none (`none`, or `auto` without tools).
+    ///
+    /// - `Auto`: lazy. The output is free until the format's opening marker (`<tool_call>`,
+    ///   `[TOOL_CALLS]`, `{"name"` for Llama 3); the grammar then describes the call(s) after
+    ///   it. The generic format has no marker, so its `Auto` constrains the whole answer to one
+    ///   of its JSON shapes (a call or `{"response": ...}`), as llama.cpp does.
+    /// - `Required`: the whole output is one call (several with `parallel`). A thinking
+    ///   template may think first: an optional `<think>`…`</think>` block, or a required
+    ///   `…</think>` when `starts_in_thinking` (the prompt opened it).
+    /// - `Named(f)`: as `Required`, calls to `f` only.
+    ///
+    /// Markers that are control tokens in `tokenizer`'s vocabulary (`[TOOL_CALLS]`,
+    /// `<|python_tag|>`) are referenced by id, since their text never matches plain output.
+    pub fn tool_constraint(
+        &self,
+        tools: &[Json],
+        choice: &ToolChoice,
+        parallel: bool,
+        starts_in_thinking: bool,
+        tokenizer: Option<&onebit_tokenizer::Tokenizer>,
+    ) -> Result<Option<crate::Constraint>, String> {
+        let special = |text: &str| {
+            let t = tokenizer?;
+            let id = t.vocab().id(text)?;
+            t.vocab().is_special(id).then_some(id)
+        };
+        grammar::tool_constraint(self, tools, choice, parallel, starts_in_thinking, &special)
+    }
+
+    /// A parser for one response. `starts_in_thinking`: the prompt opened thinking (see
+    /// [`ChatFormat::prompt_opens_thinking`]). `tools`: whether the request has tools (without,
+    /// nothing is parsed as a call).
+    pub fn parser(&self, reasoning: ReasoningFormat, starts_in_thinking: bool, tools: bool) -> OutputParser {
+        OutputParser::new(self, reasoning, starts_in_thinking, tools)
+    }
+}
+
+/// The `function` object of an OpenAI tool (`{"type": "function", "function": {...}}`), or
+/// the tool itself when it is already bare.
+pub(crate) fn tool_function(tool: &Json) -> &Json {
+    tool.get("function").unwrap_or(tool)
+}
+
+/// The system message text that describes `tools` for the generic format.
+pub fn generic_tools_prompt(tools: &[Json]) -> String {
+    let list: Vec<Json> = tools.iter().map(|t| tool_function(t).clone()).collect();
+    let pretty = serde_json::to_string_pretty(&list).unwrap_or_default();
+    format!(
+        "You can call the following tools:\n{pretty}\n\n\
+         Answer with one JSON object and nothing else:\n\
+         - to call a tool: {{\"tool_call\": {{\"name\": <tool name>, \"arguments\": <arguments object>}}}}\n\
+         - to call several tools: {{\"tool_calls\": [<call>, ...]}}\n\
+         - to answer the user directly: {{\"response\": <your answer as a string>}}"
+    )
+}
