@@ -23,7 +23,8 @@ fn env() -> TokEnv {
         words.push(w);
     }
     let n = words.len() as u32;
-    let info = TokRxInfo { vocab_size: n, tok_eos: n - 1, tok_bos: None, tok_pad: None, tok_unk: None, tok_end_of_turn: None };
+    let info =
+        TokRxInfo { vocab_size: n, tok_eos: n - 1, tok_bos: None, tok_pad: None, tok_unk: None, tok_end_of_turn: None };
     Arc::new(toktrie::ApproximateTokEnv::new(TokTrie::from(&info, &words)))
 }
 
@@ -198,13 +199,18 @@ fn choices_without_a_grammar_and_errors() {
     assert_eq!(tool_constraint(&f, &[], &ToolChoice::Auto, false, false, &special), Ok(None));
     assert!(tool_constraint(&f, &[], &ToolChoice::Required, false, false, &special).is_err());
     assert!(tool_constraint(&f, &tools(), &ToolChoice::Named("nope".into()), false, false, &special).is_err());
-    assert!(tool_constraint(&f, &[json!({"type": "function"})], &ToolChoice::Required, false, false, &special).is_err());
+    assert!(
+        tool_constraint(&f, &[json!({"type": "function"})], &ToolChoice::Required, false, false, &special).is_err()
+    );
     // Odd names are escaped, and a schema with its own references still compiles.
     let odd = vec![json!({"type": "function", "function": {"name": "a\"b\\c", "parameters": {
         "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "$defs": {"P": {"type": "integer"}}}}})];
     let c = tool_constraint(&f, &odd, &ToolChoice::Required, false, false, &special).unwrap().unwrap();
     let Grammar::Lark(src) = c.grammar else { panic!("not Lark") };
-    assert!(accepts(&src, "<tool_call>\n{\"name\": \"a\\\"b\\\\c\", \"arguments\": {\"p\": 5}}\n</tool_call>"), "{src}");
+    assert!(
+        accepts(&src, "<tool_call>\n{\"name\": \"a\\\"b\\\\c\", \"arguments\": {\"p\": 5}}\n</tool_call>"),
+        "{src}"
+    );
 }
 
 #[test]

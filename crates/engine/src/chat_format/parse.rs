@@ -12,8 +12,8 @@
 //!   the end, is released as text (content, or reasoning inside thinking), never as an error.
 //! - Tool calls are parsed inside thinking too (a Qwen3 model sometimes calls before `</think>`,
 //!   and a lazy grammar's trigger fires there as well); the call is taken out of the reasoning.
-//! - Whitespace at the edges of each stretch of text (after `<think>`, around `</think>`,
-//!   around calls, at both ends of the output) is dropped, so calls leave no stray newlines.
+//! - Content and reasoning are trimmed at both ends, and whitespace right before a call or a
+//!   thinking tag is dropped, so calls and tags leave no stray newlines behind.
 //! - The text must include control tokens' text (`[TOOL_CALLS]`, `<|python_tag|>`).
 
 use rand::Rng;
@@ -27,7 +27,12 @@ pub enum ChatDelta {
     Content(String),
     Reasoning(String),
     /// A whole call; `arguments` is the compact JSON text of its arguments object.
-    ToolCall { index: usize, id: String, name: String, arguments: String },
+    ToolCall {
+        index: usize,
+        id: String,
+        name: String,
+        arguments: String,
+    },
 }
 
 /// One tool call of the answer.
@@ -71,8 +76,6 @@ pub struct OutputParser {
     tools: bool,
     in_think: bool,
     buf: String,
-    /// The next text starts a stretch: its leading whitespace is dropped.
-    piece_start: bool,
     /// Trailing whitespace of the current stretch, released only if text follows.
     pending_ws: String,
     /// A bare JSON answer may still come (Llama 3, generic): no content yet.
@@ -90,7 +93,6 @@ impl OutputParser {
             tools,
             in_think: think && starts_in_thinking,
             buf: String::new(),
-            piece_start: true,
             pending_ws: String::new(),
             bare_open: tools && matches!(f.tool_format(), ToolFormat::Llama3 | ToolFormat::Generic),
             reasoning: String::new(),
@@ -173,7 +175,7 @@ impl OutputParser {
                 let text: String = self.buf.drain(..end).collect();
                 self.emit_text(&text, out);
                 if !last && self.bare_open {
-                    self.bare_open = self.msg.content.is_empty() && self.pending_ws.is_empty();
+                    self.bare_open = self.msg.content.is_empty();
                 }
                 return;
             };
@@ -183,7 +185,6 @@ impl OutputParser {
                 self.buf.drain(..marker.len());
                 self.in_think = marker == THINK_OPEN;
                 self.pending_ws.clear();
-                self.piece_start = true;
                 continue;
             }
             match parse_marked(self.format, marker, &self.buf) {
@@ -207,30 +208,27 @@ impl OutputParser {
                 Item::Content(s) => self.emit_text(&s, out),
                 Item::Call(name, args) => {
                     self.pending_ws.clear();
-                    self.piece_start = true;
                     let id = self.new_id();
                     let arguments = serde_json::to_string(&args).unwrap_or_else(|_| "{}".into());
                     let index = self.msg.tool_calls.len();
-                    self.msg.tool_calls.push(super::ToolCall { id: id.clone(), name: name.clone(), arguments: arguments.clone() });
+                    self.msg.tool_calls.push(super::ToolCall {
+                        id: id.clone(),
+                        name: name.clone(),
+                        arguments: arguments.clone(),
+                    });
                     out.push(ChatDelta::ToolCall { index, id, name, arguments });
                 }
             }
         }
-        // Text after a call starts a new stretch.
         self.pending_ws.clear();
-        self.piece_start = true;
     }
 
-    /// Release `t` to the current channel, whitespace at the stretch's edges held or dropped.
+    /// Release `t` to the current channel: leading whitespace dropped while the channel is
+    /// empty, trailing whitespace held until text follows (dropped before a call, a thinking
+    /// tag or the end).
     fn emit_text(&mut self, t: &str, out: &mut Vec<ChatDelta>) {
-        let mut t = t;
-        if self.piece_start {
-            t = t.trim_start();
-            if t.is_empty() {
-                return;
-            }
-            self.piece_start = false;
-        }
+        let empty = if self.in_think { self.reasoning.is_empty() } else { self.msg.content.is_empty() };
+        let t = if empty && self.pending_ws.is_empty() { t.trim_start() } else { t };
         let body = t.trim_end().len();
         if body == 0 {
             self.pending_ws.push_str(t);
