@@ -97,6 +97,8 @@ impl ToolChoice {
 pub struct ChatFormat {
     tool_format: ToolFormat,
     thinking: bool,
+    /// The template takes a system message (Gemma's refuses one).
+    system_role: bool,
 }
 
 /// The thinking tags (the only ones in use among the supported templates).
@@ -119,12 +121,13 @@ impl ChatFormat {
             ToolFormat::Generic
         };
         let thinking = src.contains(THINK_OPEN) && src.contains(THINK_CLOSE);
-        ChatFormat { tool_format, thinking }
+        let system_role = !src.contains("System role not supported");
+        ChatFormat { tool_format, thinking, system_role }
     }
 
     /// A format chosen by hand (tests, or a server flag overriding the detection).
     pub fn new(tool_format: ToolFormat, thinking: bool) -> ChatFormat {
-        ChatFormat { tool_format, thinking }
+        ChatFormat { tool_format, thinking, system_role: true }
     }
 
     pub fn tool_format(&self) -> ToolFormat {
@@ -142,24 +145,42 @@ impl ChatFormat {
         self.thinking && rendered_prompt.trim_end().ends_with(THINK_OPEN)
     }
 
-    /// The messages to render. Only the generic format changes them: the tools and the answer
-    /// format are described in a system message (merged into the first one if there is one),
-    /// since the template itself would drop the tools.
+    /// The messages to render. Only the generic format changes them, since its template would
+    /// drop what it does not know: the tools and the answer format are described in a system
+    /// message (merged into the first one if there is one; into the first user message where
+    /// the template refuses system messages), earlier assistant calls become
+    /// their JSON answer (`{"tool_calls": [...]}`) and tool results become user messages
+    /// (`{"tool_response": {...}}`), as the model was told to expect.
     pub fn messages_with_tools(&self, messages: &[Json], tools: &[Json]) -> Vec<Json> {
-        let mut out = messages.to_vec();
         if self.tool_format != ToolFormat::Generic || tools.is_empty() {
-            return out;
+            return messages.to_vec();
         }
+        let mut out: Vec<Json> = messages.iter().map(generic_history).collect();
         let text = generic_tools_prompt(tools);
-        match out.first_mut() {
-            Some(first) if first.get("role").and_then(Json::as_str) == Some("system") => {
-                let merged = match first.get("content") {
-                    Some(Json::String(s)) if !s.is_empty() => format!("{s}\n\n{text}"),
-                    _ => text,
+        let host = if self.system_role { "system" } else { "user" };
+        let at = if self.system_role { Some(0) } else { out.iter().position(|m| m["role"] == "user") };
+        match at.and_then(|i| out.get_mut(i)) {
+            Some(first) if first.get("role").and_then(Json::as_str) == Some(host) => {
+                let merged = match first.get_mut("content") {
+                    Some(Json::String(s)) if !s.is_empty() && host == "system" => {
+                        Json::String(format!("{s}\n\n{text}"))
+                    }
+                    Some(Json::String(s)) if !s.is_empty() => Json::String(format!("{text}\n\n{s}")),
+                    Some(Json::Array(parts)) => {
+                        let mut parts = std::mem::take(parts);
+                        let part = serde_json::json!({ "type": "text", "text": text });
+                        if host == "system" {
+                            parts.push(part)
+                        } else {
+                            parts.insert(0, part)
+                        }
+                        Json::Array(parts)
+                    }
+                    _ => Json::String(text),
                 };
-                first["content"] = Json::String(merged);
+                first["content"] = merged;
             }
-            _ => out.insert(0, serde_json::json!({ "role": "system", "content": text })),
+            _ => out.insert(0, serde_json::json!({ "role": host, "content": text })),
         }
         out
     }
@@ -205,6 +226,52 @@ impl ChatFormat {
 /// the tool itself when it is already bare.
 pub(crate) fn tool_function(tool: &Json) -> &Json {
     tool.get("function").unwrap_or(tool)
+}
+
+/// One history message as the generic format shows it to the model.
+fn generic_history(m: &Json) -> Json {
+    let role = m.get("role").and_then(Json::as_str).unwrap_or("");
+    let text = |v: Option<&Json>| match v {
+        Some(Json::String(s)) => s.clone(),
+        Some(Json::Null) | None => String::new(),
+        Some(other) => other.to_string(),
+    };
+    match role {
+        "assistant" => {
+            let Some(calls) = m.get("tool_calls").and_then(Json::as_array).filter(|c| !c.is_empty()) else {
+                return m.clone();
+            };
+            let calls: Vec<Json> = calls
+                .iter()
+                .map(|c| {
+                    let f = tool_function(c);
+                    // OpenAI sends arguments as JSON text; the model wrote an object.
+                    let args = match f.get("arguments") {
+                        Some(Json::String(s)) => serde_json::from_str(s).unwrap_or_else(|_| Json::String(s.clone())),
+                        Some(a) => a.clone(),
+                        None => serde_json::json!({}),
+                    };
+                    serde_json::json!({ "name": f.get("name").cloned().unwrap_or(Json::Null), "arguments": args })
+                })
+                .collect();
+            let answer = serde_json::json!({ "tool_calls": calls }).to_string();
+            let content = text(m.get("content"));
+            let content = if content.is_empty() { answer } else { format!("{content}\n{answer}") };
+            serde_json::json!({ "role": "assistant", "content": content })
+        }
+        "tool" => {
+            let mut resp = serde_json::Map::new();
+            for key in ["name", "tool_call_id"] {
+                if let Some(v) = m.get(key) {
+                    resp.insert(key.into(), v.clone());
+                }
+            }
+            resp.insert("content".into(), Json::String(text(m.get("content"))));
+            let content = serde_json::json!({ "tool_response": resp }).to_string();
+            serde_json::json!({ "role": "user", "content": content })
+        }
+        _ => m.clone(),
+    }
 }
 
 /// The system message text that describes `tools` for the generic format.

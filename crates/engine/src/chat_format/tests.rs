@@ -352,6 +352,29 @@ fn detection_from_templates() {
         let f = ChatFormat::detect(Some(&src));
         assert_eq!((f.tool_format(), f.has_thinking()), (tools, thinks), "{file}");
     }
+    // The generic format's messages render with every template that uses it, history included.
+    let tools = vec![json!({"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}})];
+    let history = [
+        json!({"role": "user", "content": "time?"}),
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "now", "arguments": "{}"}}]}),
+        json!({"role": "tool", "tool_call_id": "call_1", "content": "12:00"}),
+    ];
+    for (file, tools_fmt, _) in cases {
+        if tools_fmt != ToolFormat::Generic {
+            continue;
+        }
+        let src = std::fs::read_to_string(dir.join(file)).expect("template");
+        let f = ChatFormat::detect(Some(&src));
+        let req = onebit_tokenizer::ChatRequest {
+            messages: f.messages_with_tools(&history, &tools),
+            add_generation_prompt: true,
+            ..Default::default()
+        };
+        let out = onebit_tokenizer::ChatTemplate::new(&src).and_then(|t| t.render(&req));
+        let out = out.unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(out.contains("\"tool_response\"") && out.contains("You can call the following tools"), "{file}");
+    }
     let r1 = ChatFormat::detect(std::fs::read_to_string(dir.join(cases[5].0)).ok().as_deref());
     assert!(r1.prompt_opens_thinking("<｜User｜>Hi<｜Assistant｜><think>\n"));
     // The small test "qwen3" model carries SmolLM2's plain ChatML template.
@@ -376,6 +399,24 @@ fn generic_system_message() {
     let out = g.messages_with_tools(&[sys, user.clone()], &tools);
     assert_eq!(out.len(), 2);
     assert!(out[0]["content"].as_str().unwrap_or("").starts_with("Be brief.\n\n"));
+    // History: calls become the JSON answer, results a user message.
+    let history = [
+        user.clone(),
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "now", "arguments": "{\"tz\": \"UTC\"}"}}]}),
+        json!({"role": "tool", "tool_call_id": "call_1", "content": "12:00"}),
+    ];
+    let out = g.messages_with_tools(&history, &tools);
+    assert_eq!(out.len(), 4);
+    assert_eq!(
+        out[2],
+        json!({"role": "assistant", "content": "{\"tool_calls\":[{\"name\":\"now\",\"arguments\":{\"tz\":\"UTC\"}}]}"})
+    );
+    assert_eq!(out[3]["role"], "user");
+    assert!(out[3]["content"].as_str().unwrap_or("").contains("\"tool_response\""));
+    let parts = json!({"role": "system", "content": [{"type": "text", "text": "Be brief."}]});
+    let out = g.messages_with_tools(&[parts], &tools);
+    assert_eq!(out[0]["content"].as_array().map(Vec::len), Some(2));
     // Templates that render tools themselves get the messages unchanged.
     let h = ChatFormat::new(ToolFormat::Hermes, false);
     assert_eq!(h.messages_with_tools(std::slice::from_ref(&user), &tools), vec![user.clone()]);
