@@ -224,3 +224,113 @@ fn tool_choice_from_json() {
     assert!(ToolChoice::from_json(&json!({"type": "function"})).is_err());
     assert!(ToolChoice::from_json(&json!(3)).is_err());
 }
+
+/// A random output the grammar allows (structural bytes favoured so that it ends), or `None`
+/// if it did not end within the budget.
+fn sample(src: &str, rng: &mut rand_chacha::ChaCha8Rng) -> Option<String> {
+    use rand::Rng;
+    let mut m = matcher(src);
+    let eos = SPECIALS.len() as u32 + 255;
+    let mut text = Vec::new();
+    // Now and then the sampler tries to close thinking (random bytes would hardly ever).
+    let mut plan: Vec<u32> = Vec::new();
+    for _ in 0..800 {
+        if m.is_stopped() {
+            break;
+        }
+        let mask = m.compute_mask().ok()?;
+        if plan.is_empty() && rng.random_bool(0.03) {
+            plan = b"</think>".iter().rev().map(|&b| u32::from(b)).collect();
+        }
+        if let Some(&t) = plan.last() {
+            plan.pop();
+            if mask.is_allowed(t) {
+                m.consume_token(t).ok()?;
+                text.push(t as u8);
+                continue;
+            }
+            plan.clear();
+        }
+        let allowed = mask.to_list();
+        let structural: Vec<u32> =
+            allowed.iter().copied().filter(|&t| t >= 256 || b"\"}]\n<>/:,0123".contains(&(t as u8))).collect();
+        let printable: Vec<u32> = allowed.iter().copied().filter(|&t| (32..127).contains(&t)).collect();
+        let pool = if !structural.is_empty() && rng.random_bool(0.4) {
+            &structural
+        } else if !printable.is_empty() && rng.random_bool(0.9) {
+            &printable
+        } else {
+            &allowed
+        };
+        let t = *pool.get(rng.random_range(0..pool.len().max(1)))?;
+        if t == eos {
+            break;
+        }
+        m.consume_token(t).ok()?;
+        match t {
+            0..256 => text.push(t as u8),
+            _ => text.extend_from_slice(SPECIALS[(t - 256) as usize].as_bytes()),
+        }
+    }
+    if !(m.is_stopped() || m.is_accepting().unwrap_or(false)) {
+        return None;
+    }
+    String::from_utf8(text).ok()
+}
+
+/// Whatever a Required grammar lets the model write, the parser reads as calls and nothing
+/// else (a lazy one: the trigger plus what its grammar allows).
+#[test]
+fn grammar_outputs_parse_as_calls() {
+    use rand::SeedableRng;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    let formats =
+        [ToolFormat::Hermes, ToolFormat::Llama3, ToolFormat::Mistral, ToolFormat::QwenXml, ToolFormat::Generic];
+    for fmt in formats {
+        for thinking in [false, true] {
+            let f = ChatFormat::new(fmt, thinking);
+            for (choice, parallel) in
+                [(ToolChoice::Required, true), (ToolChoice::Named("now".into()), false), (ToolChoice::Auto, true)]
+            {
+                let (src, trigger) = lark(&f, &choice, parallel, false);
+                let mut done = 0;
+                for _ in 0..12 {
+                    let Some(out) = sample(&src, &mut rng) else { continue };
+                    if huge_exponent(&out) {
+                        // JSON allows 1e999; serde_json (f64) refuses it, so such a call is text.
+                        continue;
+                    }
+                    let out = format!("{}{out}", trigger.as_deref().unwrap_or(""));
+                    let mut p = f.parser(ReasoningFormat::Deepseek, false, true);
+                    p.push(&out);
+                    p.finish();
+                    let m = p.message();
+                    let generic_answer =
+                        fmt == ToolFormat::Generic && choice == ToolChoice::Auto && m.tool_calls.is_empty();
+                    assert!(
+                        !m.tool_calls.is_empty() || generic_answer,
+                        "{fmt:?} {choice:?}: no call in {out:?}\n{src}"
+                    );
+                    assert!(m.content.is_empty() || generic_answer, "{fmt:?} {choice:?}: content in {out:?}");
+                    if let ToolChoice::Named(n) = &choice {
+                        assert!(m.tool_calls.iter().all(|c| &c.name == n));
+                    }
+                    done += 1;
+                }
+                assert!(done >= 3, "{fmt:?} {choice:?} thinking {thinking}: only {done} samples ended\n{src}");
+            }
+        }
+    }
+}
+
+/// Whether `s` has a number with a three-digit exponent.
+fn huge_exponent(s: &str) -> bool {
+    let b = s.as_bytes();
+    (1..b.len()).any(|i| {
+        let rest = &b[i + 1..];
+        let rest = rest.strip_prefix(b"-").or_else(|| rest.strip_prefix(b"+")).unwrap_or(rest);
+        b[i - 1].is_ascii_digit()
+            && (b[i] | 0x20) == b'e'
+            && rest.iter().take_while(|c| c.is_ascii_digit()).count() >= 3
+    })
+}
