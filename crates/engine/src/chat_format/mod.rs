@@ -214,6 +214,23 @@ impl ChatFormat {
         grammar::tool_constraint(self, tools, choice, parallel, starts_in_thinking, &special)
     }
 
+    /// The marker texts the parser looks for in the output. Where one is a control token of
+    /// the vocabulary (`[TOOL_CALLS]`, `<|python_tag|>`), the text fed to the parser must
+    /// render it, which plain detokenization does not.
+    pub fn output_markers(&self) -> Vec<&'static str> {
+        let mut m = Vec::new();
+        if self.thinking {
+            m.extend([THINK_OPEN, THINK_CLOSE]);
+        }
+        match self.tool_format {
+            ToolFormat::Hermes | ToolFormat::QwenXml => m.extend(["<tool_call>", "</tool_call>"]),
+            ToolFormat::Mistral => m.extend(["[TOOL_CALLS]", "[ARGS]"]),
+            ToolFormat::Llama3 => m.push("<|python_tag|>"),
+            ToolFormat::Generic => {}
+        }
+        m
+    }
+
     /// A parser for one response. `starts_in_thinking`: the prompt opened thinking (see
     /// [`ChatFormat::prompt_opens_thinking`]). `tools`: whether the request has tools (without,
     /// nothing is parsed as a call).

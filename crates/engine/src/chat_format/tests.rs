@@ -334,6 +334,8 @@ fn detection_from_templates() {
     assert!(!f.prompt_opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
     assert!(f.prompt_opens_thinking("<|im_start|>assistant\n<think>\n"));
     assert_eq!(ChatFormat::detect(None), ChatFormat::new(ToolFormat::Generic, false));
+    assert_eq!(f.output_markers(), ["<think>", "</think>", "<tool_call>", "</tool_call>"]);
+    assert_eq!(ChatFormat::new(ToolFormat::Mistral, false).output_markers(), ["[TOOL_CALLS]", "[ARGS]"]);
     let Some(dir) = onebit_testkit::shared_file("templates") else { return };
     let cases = [
         ("NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", ToolFormat::Hermes, false),
