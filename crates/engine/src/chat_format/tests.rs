@@ -424,3 +424,14 @@ fn generic_system_message() {
     assert_eq!(h.messages_with_tools(std::slice::from_ref(&user), &tools), vec![user.clone()]);
     assert_eq!(g.messages_with_tools(std::slice::from_ref(&user), &[]), vec![user]);
 }
+
+proptest::proptest! {
+    /// Any text, cut anywhere: no panic, and the stream agrees with the whole.
+    #[test]
+    fn any_text_streams_like_whole(text in "(<tool_call>|</tool_call>|<think>|</think>|\\[TOOL_CALLS\\]|\\{\"name\": |\\PC){0,40}", seed: u64) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let fmt = [ToolFormat::Hermes, ToolFormat::Llama3, ToolFormat::Mistral, ToolFormat::QwenXml, ToolFormat::Generic][rng.random_range(0..5)];
+        let f = ChatFormat::new(fmt, rng.random_bool(0.5));
+        parse(&f, DS, rng.random_bool(0.3), &text);
+    }
+}
