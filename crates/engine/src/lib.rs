@@ -24,6 +24,7 @@
 //! ```
 
 mod blocks;
+pub mod chat_format;
 pub mod constraint;
 mod error;
 mod request;
