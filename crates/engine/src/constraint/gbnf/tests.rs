@@ -1,0 +1,159 @@
+//! Tests of the GBNF → Lark converter: output text for simple cases, errors, no panics on
+//! mangled input, and — the part that matters — the converted grammars compiled by
+//! llguidance over a byte-level tokenizer, accepting and rejecting sample strings exactly as
+//! the GBNF language does (greedy lexing must not change the language).
+//!
+//! `testdata/*.gbnf` are llama.cpp's example grammars (from llama.cpp's `grammars/`
+//! directory, MIT licence, copyright the ggml authors), used as test input only.
+
+use std::sync::Arc;
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory};
+use toktrie::{ApproximateTokEnv, TokEnv};
+
+use super::gbnf_to_lark;
+
+fn factory() -> Arc<ParserFactory> {
+    use std::sync::OnceLock;
+    static F: OnceLock<Arc<ParserFactory>> = OnceLock::new();
+    F.get_or_init(|| {
+        let env: TokEnv = ApproximateTokEnv::single_byte_env();
+        let mut f = ParserFactory::new_simple(&env).expect("factory");
+        f.quiet();
+        Arc::new(f)
+    })
+    .clone()
+}
+
+/// Converts and compiles; panics with the Lark text when llguidance refuses it.
+fn compile(gbnf: &str) -> (String, Matcher) {
+    let lark = gbnf_to_lark(gbnf).unwrap_or_else(|e| panic!("conversion failed: {e}"));
+    let parser = factory().create_parser(TopLevelGrammar::from_lark(lark.clone()));
+    if let Err(e) = &parser {
+        panic!("llguidance refused the converted grammar: {e}\n--- lark ---\n{lark}");
+    }
+    (lark.clone(), Matcher::new(parser))
+}
+
+/// Whether the (single-byte-token) matcher accepts exactly `s`.
+fn accepts(m: &Matcher, s: &str) -> bool {
+    let mut m = m.deep_clone();
+    let toks: Vec<u32> = s.bytes().map(u32::from).collect();
+    m.consume_tokens(&toks).is_ok() && m.is_accepting().unwrap_or(false)
+}
+
+/// Checks every `yes` is accepted and every `no` rejected, reporting all failures at once.
+fn check(gbnf: &str, yes: &[&str], no: &[&str]) {
+    let (lark, m) = compile(gbnf);
+    let mut bad = Vec::new();
+    for s in yes {
+        if !accepts(&m, s) {
+            bad.push(format!("should accept {s:?}"));
+        }
+    }
+    for s in no {
+        if accepts(&m, s) {
+            bad.push(format!("should reject {s:?}"));
+        }
+    }
+    assert!(bad.is_empty(), "{}\n--- lark ---\n{lark}", bad.join("\n"));
+}
+
+fn testdata(name: &str) -> String {
+    let path = format!("{}/src/constraint/gbnf/testdata/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+const EXAMPLES: [&str; 8] = [
+    "arithmetic.gbnf",
+    "c.gbnf",
+    "chess.gbnf",
+    "english.gbnf",
+    "japanese.gbnf",
+    "json.gbnf",
+    "json_arr.gbnf",
+    "list.gbnf",
+];
+
+#[test]
+fn every_llama_cpp_example_converts_and_compiles() {
+    for name in EXAMPLES {
+        compile(&testdata(name));
+    }
+}
+
+#[test]
+fn json_example_accepts_json_and_rejects_the_rest() {
+    let yes = [
+        "{}",
+        "{ }",
+        r#"{"a": 1}"#,
+        r#"{"a":1,"b":[true,false,null]}"#,
+        "{\"k\": \"esc \\\" \\\\ \\n \\u00e9 \u{e9}\u{1F600}\"}",
+        r#"{"n": -0.5e+3}"#,
+        r#"{"n": 12345, "o": {"p": []}}"#,
+        "{\n\t\"a\": [1, 2]}",
+    ];
+    let no = [
+        "",
+        "[]",
+        "{",
+        r#"{"a"}"#,
+        r#"{"a": tru}"#,
+        r#"{"a": "x"#,
+        "{\"a\": \"line\nbreak\"}",
+        r#"{"a": "\q"}"#,
+        r#"{"a": 01x}"#,
+        r#"{'a': 1}"#,
+        "{} {}",
+    ];
+    check(&testdata("json.gbnf"), &yes, &no);
+}
+
+#[test]
+fn json_arr_example() {
+    let g = testdata("json_arr.gbnf");
+    check(&g, &["[\n]", "[\n{\"a\": 1},\n[2]]", "[\n\"x\"]"], &["[]", "{}", "[\n1,]"]);
+}
+
+#[test]
+fn arithmetic_list_chess_english_japanese_examples() {
+    check(
+        &testdata("arithmetic.gbnf"),
+        &["x=1\n", "a1 +2 = (b+2 *c)\n", "z=3\n1=z\n"],
+        &["x=\n", "x=b+2\n", "x=1", "X=1\n"],
+    );
+    check(&testdata("list.gbnf"), &["- a\n", "- milk\n- eggs\n"], &["", "-a\n", "- a", "- a\u{2028}b\n"]);
+    check(
+        &testdata("chess.gbnf"),
+        &["1. e4 e5\n2. Nf3 Nc6\n", "1. O-O O-O-O\n2. exd5 Qxd5+\n"],
+        &["1. e4 e5\n", "1. e9 e5\n2. a3 a4\n"],
+    );
+    check(&testdata("english.gbnf"), &["Hello, world!", "a b\tc"], &["", "héllo", "a  b"]);
+    check(&testdata("japanese.gbnf"), &["こんにちは", "カタカナ 漢字、"], &["", "abc"]);
+}
+
+#[test]
+fn c_example_parses_a_small_program() {
+    let g = testdata("c.gbnf");
+    check(
+        &g,
+        &["int main(){return 0;}", "int f(int x){x = x+1;while(x<10){x = x*2;}}"],
+        &["int main(){return 0}", "main(){}"],
+    );
+}
+
+/// Greedy lexing would eat the final `0` if `[0-9]+` were one regex lexeme, and so on: the
+/// converted grammar must keep GBNF's language exactly.
+#[test]
+fn greedy_lexing_does_not_change_the_language() {
+    check(r#"root ::= [0-9]+ "0""#, &["00", "10", "1230"], &["0", "1", "01"]);
+    check(r#"root ::= "a"+ "ab""#, &["aab", "aaab"], &["ab", "aa"]);
+    check(r#"root ::= "ab" "c" | "a" "bd""#, &["abc", "abd"], &["ab", "abdc"]);
+    check(r#"root ::= "foo" | "foobar" | "fo" "obaz""#, &["foo", "foobar", "foobaz"], &["fo", "foob"]);
+    check(r#"root ::= [a-z] "x" | "a" "y""#, &["ax", "ay", "bx"], &["by", "a"]);
+    check("root ::= s \"!\"? s\ns ::= \"'\" [^']* \"'\"", &["''''", "'a'!'b'"], &["'a'", "'a''"]);
+    check(r#"root ::= "<" [a-z]* ">" [a-z]*"#, &["<>", "<ab>cd"], &["<a", "<a>>"]);
+    check(r#"root ::= "\"" [a-z]* "\"" | "\"x" [0-9]"#, &["\"\"", "\"ab\"", "\"x1"], &["\"x", "\"1\""]);
+}
