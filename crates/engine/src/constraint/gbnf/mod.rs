@@ -292,7 +292,7 @@ impl<'a> Converter<'a> {
     }
 
     fn render_rules(&mut self, root: usize, lx: &mut Lexemes) -> String {
-        let mut out = String::new();
+        let mut lines: Vec<(usize, String)> = Vec::new();
         let mut done = vec![false; self.bodies.len()];
         lx.refs.push(root);
         while let Some(r) = lx.refs.pop() {
@@ -300,9 +300,11 @@ impl<'a> Converter<'a> {
                 continue;
             }
             let body = self.render(self.bodies[r], lx).0;
-            let _ = writeln!(out, "{}: {}", self.names[r], body);
+            lines.push((if r == root { 0 } else { r + 1 }, format!("{}: {}\n", self.names[r], body)));
         }
-        out
+        // `start` first, then the source order.
+        lines.sort_unstable();
+        lines.into_iter().map(|(_, l)| l).collect()
     }
 
     fn add_multi(lx: &mut Lexemes, l: Lexeme, first: CharSet) {
@@ -369,7 +371,7 @@ impl<'a> Converter<'a> {
                 if info.nullable || !info.prefix_free {
                     continue;
                 }
-                let rx: String = run.iter().map(|x| format!("(?:{})", self.regex(x))).collect();
+                let rx: String = run.iter().map(|x| rx_paren(self.regex(x), 1)).collect();
                 if rx.len() > MAX_REGEX || self.forbidden.contains(&rx) {
                     continue;
                 }
@@ -389,22 +391,30 @@ impl<'a> Converter<'a> {
         (text.join(" "), prec)
     }
 
-    /// Rust-regex text of a regular expression, rules inlined.
-    fn regex(&self, e: &Expr) -> String {
+    /// Rust-regex text of a regular expression, rules inlined, with its precedence as in
+    /// [`Converter::render`].
+    fn regex(&self, e: &Expr) -> (String, u8) {
         match e {
-            Expr::Lit(s) => s.chars().map(regex_char).collect(),
-            Expr::Class(set) => class_regex(set),
-            Expr::Ref(r) => format!("(?:{})", self.regex(self.bodies[*r])),
+            Expr::Lit(s) => (s.chars().map(regex_char).collect(), if s.chars().count() == 1 { 2 } else { 1 }),
+            Expr::Class(set) => (class_regex(set), 2),
+            Expr::Ref(r) => self.regex(self.bodies[*r]),
             // Never reached: runs are regular, and regular rules have no tokens.
-            Expr::Token(_) => NOTHING.to_string(),
-            Expr::Seq(items) => items.iter().map(|i| format!("(?:{})", self.regex(i))).collect(),
-            Expr::Alt(alts) => {
-                let parts: Vec<String> = alts.iter().map(|a| self.regex(a)).collect();
-                format!("(?:{})", parts.join("|"))
+            Expr::Token(_) => (NOTHING.to_string(), 2),
+            Expr::Seq(items) => {
+                let parts: Vec<String> = items.iter().map(|i| rx_paren(self.regex(i), 1)).collect();
+                (parts.concat(), if items.len() == 1 { self.regex(&items[0]).1 } else { 1 })
             }
-            Expr::Rep(inner, min, max) => format!("(?:{}){}", self.regex(inner), rep_suffix(*min, *max)),
+            Expr::Alt(alts) => {
+                let parts: Vec<String> = alts.iter().map(|a| self.regex(a).0).collect();
+                (parts.join("|"), 0)
+            }
+            Expr::Rep(inner, min, max) => (format!("{}{}", rx_paren(self.regex(inner), 2), rep_suffix(*min, *max)), 1),
         }
     }
+}
+
+fn rx_paren((text, prec): (String, u8), need: u8) -> String {
+    if prec >= need { text } else { format!("(?:{text})") }
 }
 
 /// A regex matching nothing (a GBNF `[]`, or a class of surrogates only).

@@ -157,3 +157,107 @@ fn greedy_lexing_does_not_change_the_language() {
     check(r#"root ::= "<" [a-z]* ">" [a-z]*"#, &["<>", "<ab>cd"], &["<a", "<a>>"]);
     check(r#"root ::= "\"" [a-z]* "\"" | "\"x" [0-9]"#, &["\"\"", "\"ab\"", "\"x1"], &["\"x", "\"1\""]);
 }
+
+#[test]
+fn every_construct() {
+    let g = r#"
+# a comment line
+root ::= greeting ws list? tail   # trailing comment
+greeting ::= "h\x65llo" | "\u00e9t\U0001F600" | [Hh] "i"
+ws ::= [ \t\n]*
+list ::= "[" (item ("," item){0,2})? "]"
+item ::= [^\],\[\\"-] | "\\" ["\\\-\]] | [0-9]{2} | "(" list ")"
+tail ::= ( "a"{3} | "b"{2,} | "c"{,1} "!" ) (
+    "x" |
+    "y"
+  )
+"#;
+    check(
+        g,
+        &["hello[]aaax", "hello\n[q,([/]),12]bby", "\u{e9}t\u{1F600}bbbby", "Hi[\\-]!x", "hi c!y", "hello!y"],
+        &["hello[-]aaax", "hello[a,b,c,d]aaax", "hello[\"]aaax", "Hello aaax", "helloaax", "hi[123]aaax", "hi cc!y"],
+    );
+    let (_, m) = compile(g);
+    assert!(accepts(&m, "hello[1,\\],([([])])]aaax"));
+}
+
+#[test]
+fn dot_class_edges_and_unicode_ranges() {
+    check(r#"root ::= "<" . ">""#, &["<a>", "<\n>", "<\u{e9}>", "<\u{1F600}>", "<>>"], &["<>", "<ab>"]);
+    check(r#"root ::= [^a] [ぁ-ゟ]"#, &["bぁ", "\nゟ", "\u{1F600}ぃ"], &["aぁ", "bア"]);
+    check(r#"root ::= "a" | [] "b""#, &["a"], &["b", ""]);
+    check(r#"root ::= [\uD800-\uDFFF] | "ok""#, &["ok"], &[""]);
+    check(r#"root ::= [^] "!""#, &["x!", "\n!"], &["!"]);
+    check(r#"root ::= [/] "/" [\-\]] [a-]"#, &["//-a", "//]-"], &["//a-"]);
+    check(r#"root ::= "" | "x""#, &["", "x"], &["xx"]);
+}
+
+#[test]
+fn recursion_and_multiline_rules() {
+    let g = "root ::= expr\nexpr ::= term (\n  (\"+\" | \"-\") term\n)*\nterm ::= [0-9]+ | \"(\" expr \")\"\n";
+    check(g, &["1", "1+2", "(1-(2+3))+4", "((((9))))"], &["", "1+", "(1", "1)"]);
+    // Left recursion works too (Earley).
+    check("root ::= root \"a\" | \"b\"", &["b", "baaa"], &["a", "ab"]);
+}
+
+#[test]
+fn repetition_bounds() {
+    check(
+        r#"root ::= "a"{2,4} "b"{3} [0-9]{1,}"#,
+        &["aabbb1", "aaaabbb123"],
+        &["abbb1", "aaaaabbb1", "aabb1", "aabbb"],
+    );
+    check(r##"root ::= ("ab" | "c"){0,2} ".""##, &[".", "ab.", "cab.", "cc."], &["abcab.", "a."]);
+}
+
+#[test]
+fn schema_style_grammar_from_the_readme() {
+    // The shape llama.cpp's JSON-schema converter produces: uppercase and dashed names,
+    // repetition counts, an empty alternative.
+    let g = r#"char ::= [^"\\\x7F\x00-\x1F] | [\\] (["\\bfnrt] | "u" [0-9a-fA-F]{4})
+QAPair ::= "{" space QAPair-name-kv "}" space
+QAPair-name-kv ::= "\"name\"" space ":" space string
+qapair ::= "x"
+root ::= "[" space QAPair ("," space QAPair){0,2} "]" space | qapair
+space ::= | " " | "\n" [ \t]{0,20}
+string ::= "\"" char{1,10} "\"" space
+"#;
+    check(
+        g,
+        &[r#"[{"name": "ab"}]"#, "[ {\"name\":\"\\u00e9\"} ,{\"name\":\"q\"}]\n", "x"],
+        &[r#"[{"name": ""}]"#, r#"[{"name": "abcdefghijk"}]"#, r#"[{"nam": "a"}]"#],
+    );
+}
+
+#[test]
+fn token_references() {
+    // Single-byte tokenizer: token 65 is the byte `A`.
+    let lark = gbnf_to_lark("root ::= <[65]> !<[66]>* \"z\"").unwrap();
+    assert_eq!(lark, "start: <[65]> <[^66]>* \"z\"\n");
+    let (_, m) = compile("root ::= <[65]> \"z\"");
+    assert!(accepts(&m, "Az"));
+    assert!(!accepts(&m, "Bz"));
+    assert_eq!(gbnf_to_lark("root ::= <think> x\nx ::= \"a\"").unwrap(), "start: <think> x\nx: \"a\"\n");
+    let e = gbnf_to_lark("root ::= <think> thinking </think>\nthinking ::= !</think>*").unwrap_err();
+    assert!(e.contains("line 2, column 14") && e.contains("by id"), "{e}");
+}
+
+#[test]
+fn output_text_for_simple_cases() {
+    let t = |g: &str| gbnf_to_lark(g).unwrap();
+    assert_eq!(t("root ::= \"hi\""), "start: \"hi\"\n");
+    assert_eq!(t("root ::= my-Rule\nmy-Rule ::= [a-c]"), "start: my_rule\nmy_rule: /[a-c]/\n");
+    // Names that would collide after mapping get suffixes; `start` is reserved for `root`.
+    assert_eq!(
+        t("root ::= a-b A-B start 9x\na-b ::= \"1\"?\nA-B ::= \"2\"?\nstart ::= \"3\"?\n9x ::= \"4\"?"),
+        "start: a_b a_b_2 start_2 r_9x\na_b: \"1\"?\na_b_2: \"2\"?\nstart_2: \"3\"?\nr_9x: \"4\"?\n"
+    );
+    assert_eq!(t("root ::= [^\"\\\\] .*\n"), "start: /[^\\\"\\\\]/ /(?s:.)/*\n");
+    assert_eq!(
+        t("root ::= (\"a\" | \"b\")* \"c\"{2,5} \"d\"{3,} \"e\"?"),
+        "start: (\"a\" | \"b\")* \"c\"{2,5} \"d\"{3,} \"e\"?\n"
+    );
+    assert_eq!(t("root ::= \"\\n\\t\\\"\\x01\""), "start: \"\\n\\t\\\"\\u0001\"\n");
+    // A prefix-free regular run becomes one regex lexeme.
+    assert_eq!(t("root ::= \"'\" [^']* \"'\""), "start: /\\'[^\\']*\\'/\n");
+}
