@@ -6,6 +6,7 @@
 //! `testdata/*.gbnf` are llama.cpp's example grammars (from llama.cpp's `grammars/`
 //! directory, MIT licence, copyright the ggml authors), used as test input only.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use llguidance::api::TopLevelGrammar;
@@ -260,4 +261,198 @@ fn output_text_for_simple_cases() {
     assert_eq!(t("root ::= \"\\n\\t\\\"\\x01\""), "start: \"\\n\\t\\\"\\u0001\"\n");
     // A prefix-free regular run becomes one regex lexeme.
     assert_eq!(t("root ::= \"'\" [^']* \"'\""), "start: /\\'[^\\']*\\'/\n");
+}
+
+#[test]
+fn errors_name_the_problem_and_place() {
+    let err = |g: &str, want: &[&str]| {
+        let e = gbnf_to_lark(g).expect_err(g);
+        for w in want {
+            assert!(e.contains(w), "{g:?}: {e:?} lacks {w:?}");
+        }
+    };
+    err("root ::= a b\na ::= \"x\"", &["rule `b` is used but never defined", "line 1, column 12"]);
+    err("item ::= \"x\"", &["no `root` rule"]);
+    err("root ::= \"abc", &["unterminated string literal", "line 1, column 10"]);
+    err("root ::= \"a\\qb\"", &["unknown escape `\\q`", "line 1, column 12"]);
+    err("root ::= \"\\x4\"", &["`\\x` needs 2 hexadecimal digits"]);
+    err("root ::= \"\\uD800\"", &["U+D800 is not a Unicode scalar value"]);
+    err("root ::= [a-", &["unterminated character class"]);
+    err("root ::= [z-a]", &["character range is reversed"]);
+    err("root ::= (\"a\"", &["expected `)`"]);
+    err("root ::= \"a\")", &["unexpected `)`"]);
+    err("root ::= * \"a\"", &["`*` has nothing to repeat"]);
+    err("root ::= \"a\"{3,2}", &["maximum is below its minimum"]);
+    err("root ::= \"a\"{99999}", &["over 10000"]);
+    err("root ::= \"a\"{2", &["expected `,` or `}`"]);
+    err("root = \"a\"", &["expected `::=`"]);
+    err("root ::= \"a\"\nroot ::= \"b\"", &["defined twice", "line 2"]);
+    err("root ::= <[12x]>", &["bad token id"]);
+    err("root ::= <abc", &["unterminated token reference"]);
+    err("root ::= !\"a\"", &["expected `<` after `!`"]);
+    err("", &["no `root` rule"]);
+}
+
+/// Mangled versions of every example and random byte soup: the converter answers (Ok or
+/// Err) and never panics; whatever it accepts llguidance compiles.
+#[test]
+fn never_panics_on_mangled_input() {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let pieces = ["\"", "[", "]", "(", ")", "|", "*", "{", "}", ",", "\\", "\\x", "\\u", "<", ">", "!", "-", "^", "\n", "::=", "#", ".", "root", " ", "é", "{1,2}", "\u{0}"];
+    let mut sources: Vec<String> = EXAMPLES.iter().map(|n| testdata(n)).collect();
+    sources.push("root ::= \"a\"".to_string());
+    let mut compiled = 0;
+    for round in 0..400 {
+        let base = &sources[round % sources.len()];
+        let mut chars: Vec<char> = base.chars().collect();
+        for _ in 0..1 + rng.below(4) {
+            let at = rng.below(chars.len() + 1);
+            match rng.below(3) {
+                0 if at < chars.len() => {
+                    chars.remove(at);
+                }
+                1 => chars.splice(at..at, pieces[rng.below(pieces.len())].chars()).for_each(drop),
+                _ => chars.truncate(at),
+            }
+        }
+        let src: String = chars.into_iter().collect();
+        if let Ok(lark) = gbnf_to_lark(&src)
+            && round % 8 == 0
+        {
+            // Token references by name need a vocabulary that has them; skip those.
+            if !lark.contains('<') {
+                compile(&src);
+                compiled += 1;
+            }
+        }
+    }
+    for _ in 0..300 {
+        let len = rng.below(40);
+        let bytes: Vec<u8> = (0..len).map(|_| rng.below(128) as u8).collect();
+        let _ = gbnf_to_lark(&String::from_utf8_lossy(&bytes));
+    }
+    assert!(compiled > 0);
+}
+
+/// xorshift64: deterministic and dependency-free.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        if n == 0 { 0 } else { (self.next() % n as u64) as usize }
+    }
+}
+
+/// The end positions of `e` matched from `at` (a plain, slow reference reading of the GBNF
+/// syntax tree; the generated grammars below have no recursion, so it terminates).
+fn ends(rules: &[super::parse::Rule], e: &super::parse::Expr, s: &[char], at: usize) -> BTreeSet<usize> {
+    use super::parse::Expr;
+    match e {
+        Expr::Lit(l) => {
+            let l: Vec<char> = l.chars().collect();
+            let hit = s.len() >= at + l.len() && s[at..at + l.len()] == l[..];
+            if hit { BTreeSet::from([at + l.len()]) } else { BTreeSet::new() }
+        }
+        Expr::Class(set) => match s.get(at) {
+            Some(&c) if set.intersects(&super::chars::CharSet::single(c)) => BTreeSet::from([at + 1]),
+            _ => BTreeSet::new(),
+        },
+        Expr::Ref(r) => ends(rules, &rules[*r].body, s, at),
+        Expr::Token(_) => BTreeSet::new(),
+        Expr::Seq(items) => items.iter().fold(BTreeSet::from([at]), |acc, item| {
+            acc.iter().flat_map(|&p| ends(rules, item, s, p)).collect()
+        }),
+        Expr::Alt(alts) => alts.iter().flat_map(|a| ends(rules, a, s, at)).collect(),
+        Expr::Rep(inner, min, max) => {
+            let mut out = BTreeSet::new();
+            let mut cur = BTreeSet::from([at]);
+            for k in 0..=(*min as usize + s.len() + 1) {
+                if k >= *min as usize {
+                    out.extend(cur.iter().copied());
+                }
+                if max.is_some_and(|m| k >= m as usize) || cur.is_empty() {
+                    break;
+                }
+                cur = cur.iter().flat_map(|&p| ends(rules, inner, s, p)).collect();
+            }
+            out
+        }
+    }
+}
+
+fn random_grammar(rng: &mut Rng) -> String {
+    fn alt(rng: &mut Rng, rule: usize, depth: usize) -> String {
+        let n = 1 + rng.below(3);
+        let mut alts: Vec<String> = (0..n).map(|_| seq(rng, rule, depth)).collect();
+        // A `|` at the end of a line continues the rule onto the next one.
+        if alts.last().is_some_and(|a| a.is_empty()) {
+            alts.push("\"\"".to_string());
+        }
+        alts.join(" | ")
+    }
+    fn seq(rng: &mut Rng, rule: usize, depth: usize) -> String {
+        let n = rng.below(4);
+        let mut items = Vec::new();
+        for _ in 0..n {
+            let mut item = match rng.below(7) {
+                0 | 1 => {
+                    let len = 1 + rng.below(3);
+                    let l: String = (0..len).map(|_| ['a', 'b', '\''][rng.below(3)]).collect();
+                    format!("\"{l}\"")
+                }
+                2 => ["[ab]", "[^a]", "[a-b]", "[']", "[b']"][rng.below(5)].to_string(),
+                3 => ".".to_string(),
+                4 if rule < 3 => format!("r{}", rule + 1 + rng.below(3 - rule)),
+                5 if depth < 2 => format!("({})", alt(rng, rule, depth + 1)),
+                _ => "\"a\"".to_string(),
+            };
+            if rng.below(3) == 0 {
+                item.push_str(["*", "+", "?", "{0,2}", "{2}", "{1,}"][rng.below(6)]);
+            }
+            items.push(item);
+        }
+        items.join(" ")
+    }
+    let mut g = String::new();
+    for r in 0..4 {
+        let name = if r == 0 { "root".to_string() } else { format!("r{r}") };
+        g.push_str(&format!("{name} ::= {}\n", alt(rng, r, 0)));
+    }
+    g
+}
+
+/// Random grammars over a tiny alphabet: the converted grammar, run by llguidance with its
+/// greedy lexer, accepts exactly the strings the reference reading of the GBNF accepts.
+#[test]
+fn random_grammars_keep_their_language() {
+    let mut rng = Rng(0xD1B5_4A32_D192_ED03);
+    let alphabet = ['a', 'b', '\''];
+    let mut strings: Vec<Vec<char>> = vec![vec![]];
+    let mut frontier: Vec<Vec<char>> = vec![vec![]];
+    for _ in 0..5 {
+        frontier = frontier
+            .iter()
+            .flat_map(|s| alphabet.iter().map(move |&c| [s.clone(), vec![c]].concat()))
+            .collect();
+        strings.extend(frontier.iter().cloned());
+    }
+    for _ in 0..150 {
+        let g = random_grammar(&mut rng);
+        let mut p = super::parse::Parser::new(&g);
+        p.grammar().unwrap_or_else(|e| panic!("{e}\n{g}"));
+        let root = p.rules.iter().position(|r| r.name == "root").expect("root");
+        let (lark, m) = compile(&g);
+        for s in &strings {
+            let want = ends(&p.rules, &p.rules[root].body, s, 0).contains(&s.len());
+            let text: String = s.iter().collect();
+            assert_eq!(accepts(&m, &text), want, "{text:?}\n--- gbnf ---\n{g}--- lark ---\n{lark}");
+        }
+    }
 }
