@@ -240,7 +240,7 @@ impl<'a> Converter<'a> {
                 // cannot start like x: a word's split into x's and T is then forced.
                 Expr::Rep(x, _, _) => {
                     let xi = self.expr_info(x);
-                    i.prefix_free
+                    i.prefix_free && tail.prefix_free
                         || xi.prefix_free
                             && !xi.nullable
                             && tail.prefix_free

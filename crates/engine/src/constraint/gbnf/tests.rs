@@ -298,7 +298,10 @@ fn errors_name_the_problem_and_place() {
 #[test]
 fn never_panics_on_mangled_input() {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    let pieces = ["\"", "[", "]", "(", ")", "|", "*", "{", "}", ",", "\\", "\\x", "\\u", "<", ">", "!", "-", "^", "\n", "::=", "#", ".", "root", " ", "é", "{1,2}", "\u{0}"];
+    let pieces = [
+        "\"", "[", "]", "(", ")", "|", "*", "{", "}", ",", "\\", "\\x", "\\u", "<", ">", "!", "-", "^", "\n", "::=",
+        "#", ".", "root", " ", "é", "{1,2}", "\u{0}",
+    ];
     let mut sources: Vec<String> = EXAMPLES.iter().map(|n| testdata(n)).collect();
     sources.push("root ::= \"a\"".to_string());
     let mut compiled = 0;
@@ -366,9 +369,9 @@ fn ends(rules: &[super::parse::Rule], e: &super::parse::Expr, s: &[char], at: us
         },
         Expr::Ref(r) => ends(rules, &rules[*r].body, s, at),
         Expr::Token(_) => BTreeSet::new(),
-        Expr::Seq(items) => items.iter().fold(BTreeSet::from([at]), |acc, item| {
-            acc.iter().flat_map(|&p| ends(rules, item, s, p)).collect()
-        }),
+        Expr::Seq(items) => items
+            .iter()
+            .fold(BTreeSet::from([at]), |acc, item| acc.iter().flat_map(|&p| ends(rules, item, s, p)).collect()),
         Expr::Alt(alts) => alts.iter().flat_map(|a| ends(rules, a, s, at)).collect(),
         Expr::Rep(inner, min, max) => {
             let mut out = BTreeSet::new();
@@ -437,13 +440,10 @@ fn random_grammars_keep_their_language() {
     let mut strings: Vec<Vec<char>> = vec![vec![]];
     let mut frontier: Vec<Vec<char>> = vec![vec![]];
     for _ in 0..5 {
-        frontier = frontier
-            .iter()
-            .flat_map(|s| alphabet.iter().map(move |&c| [s.clone(), vec![c]].concat()))
-            .collect();
+        frontier = frontier.iter().flat_map(|s| alphabet.iter().map(move |&c| [s.clone(), vec![c]].concat())).collect();
         strings.extend(frontier.iter().cloned());
     }
-    for _ in 0..150 {
+    for _ in 0..300 {
         let g = random_grammar(&mut rng);
         let mut p = super::parse::Parser::new(&g);
         p.grammar().unwrap_or_else(|e| panic!("{e}\n{g}"));
@@ -455,4 +455,10 @@ fn random_grammars_keep_their_language() {
             assert_eq!(accepts(&m, &text), want, "{text:?}\n--- gbnf ---\n{g}--- lark ---\n{lark}");
         }
     }
+}
+
+/// A regression found by the random test: an exact count before a non-prefix-free tail.
+#[test]
+fn exact_count_before_open_tail_is_not_one_lexeme() {
+    check(r#"root ::= ("a" "a"{2} .*) [']+"#, &["aaa'", "aaab''", "aaa'''"], &["aa'", "aaa"]);
 }
