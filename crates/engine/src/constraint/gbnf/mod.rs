@@ -27,6 +27,7 @@ mod parse;
 #[cfg(test)]
 mod tests;
 
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
@@ -36,6 +37,9 @@ use parse::{Expr, Parser, TokenRef};
 /// Above this many characters a rule's inlined regex is not worth a terminal (nesting of
 /// regular rules can blow up when inlined); the rule stays a parser rule instead.
 const MAX_REGEX: usize = 20_000;
+
+/// How deep a chain of references may be inlined into one regex.
+const MAX_INLINE_DEPTH: usize = 32;
 
 /// Convert llama.cpp GBNF to llguidance Lark. Errors name what cannot be expressed (with
 /// line/col), so the server can answer 400 with the message.
@@ -123,6 +127,8 @@ struct Converter<'a> {
     split: HashSet<String>,
     /// Regex lexemes given up because they conflicted.
     forbidden: HashSet<String>,
+    /// Each regular rule's regex, once built.
+    rx_memo: RefCell<HashMap<usize, Option<(String, u8)>>>,
 }
 
 impl<'a> Converter<'a> {
@@ -135,10 +141,11 @@ impl<'a> Converter<'a> {
             info: HashMap::new(),
             split: HashSet::new(),
             forbidden: HashSet::new(),
+            rx_memo: RefCell::new(HashMap::new()),
         };
         let mut state = vec![0u8; n];
         for r in 0..n {
-            c.mark_regular(r, &mut state);
+            c.mark_regular(r, &mut state, 0);
         }
         for r in 0..n {
             if c.regular[r] {
@@ -148,11 +155,14 @@ impl<'a> Converter<'a> {
         c
     }
 
-    /// Depth-first: `state` 1 = on the stack (a cycle), 2 = done.
-    fn mark_regular(&mut self, r: usize, state: &mut Vec<u8>) -> bool {
+    /// Depth-first: `state` 1 = on the stack (a cycle), 2 = done. A chain of references
+    /// deeper than [`MAX_INLINE_DEPTH`] counts as not regular, which bounds the recursion of
+    /// everything that follows references into regular rules.
+    fn mark_regular(&mut self, r: usize, state: &mut Vec<u8>, depth: usize) -> bool {
         match state[r] {
             1 => return false,
             2 => return self.regular[r],
+            _ if depth > MAX_INLINE_DEPTH => return false,
             _ => {}
         }
         state[r] = 1;
@@ -165,8 +175,7 @@ impl<'a> Converter<'a> {
         });
         let mut ok = !tokens;
         for t in refs {
-            // Visit all, so every rule gets its mark.
-            ok &= self.mark_regular(t, state);
+            ok = ok && self.mark_regular(t, state, depth + 1);
         }
         state[r] = 2;
         self.regular[r] = ok;
@@ -218,13 +227,7 @@ impl<'a> Converter<'a> {
             }
             Expr::Rep(inner, min, max) => {
                 let i = self.expr_info(inner);
-                // Only an exact count of a prefix-free language is prefix-free on its own;
-                // a sequence can still make a variable count prefix-free (see below).
-                Info {
-                    nullable: *min == 0 || i.nullable,
-                    first: i.first,
-                    prefix_free: i.prefix_free && *max == Some(*min),
-                }
+                rep_info(i, *min, *max)
             }
             Expr::Seq(items) => self.seq_info(items),
         }
@@ -234,12 +237,20 @@ impl<'a> Converter<'a> {
         // Right to left: `tail` describes the items after the current one.
         let mut tail = Info { nullable: true, first: CharSet::empty(), prefix_free: true };
         for item in items.iter().rev() {
-            let i = self.expr_info(item);
-            let pf = match item {
+            // The inner expression of a repetition is analysed once (nested repetitions
+            // would otherwise cost twice per level).
+            let inner = match item {
+                Expr::Rep(x, _, _) => Some(self.expr_info(x)),
+                _ => None,
+            };
+            let i = match (item, &inner) {
+                (Expr::Rep(_, min, max), Some(xi)) => rep_info(xi.clone(), *min, *max),
+                _ => self.expr_info(item),
+            };
+            let pf = match inner {
                 // x{m,n} T is prefix-free when x and T are, neither can be empty, and T
                 // cannot start like x: a word's split into x's and T is then forced.
-                Expr::Rep(x, _, _) => {
-                    let xi = self.expr_info(x);
+                Some(xi) => {
                     i.prefix_free && tail.prefix_free
                         || xi.prefix_free
                             && !xi.nullable
@@ -371,8 +382,9 @@ impl<'a> Converter<'a> {
                 if info.nullable || !info.prefix_free {
                     continue;
                 }
-                let rx: String = run.iter().map(|x| rx_paren(self.regex(x), 1)).collect();
-                if rx.len() > MAX_REGEX || self.forbidden.contains(&rx) {
+                let Some(rx) = self.regex(&Expr::Seq(run.to_vec())) else { continue };
+                let rx = rx.0;
+                if self.forbidden.contains(&rx) {
                     continue;
                 }
                 Self::add_multi(lx, Lexeme::Rx(rx.clone()), info.first);
@@ -392,24 +404,39 @@ impl<'a> Converter<'a> {
     }
 
     /// Rust-regex text of a regular expression, rules inlined, with its precedence as in
-    /// [`Converter::render`].
-    fn regex(&self, e: &Expr) -> (String, u8) {
-        match e {
+    /// [`Converter::render`]; `None` past [`MAX_REGEX`] characters (inlining nested rules
+    /// can grow exponentially, and this stops it early).
+    fn regex(&self, e: &Expr) -> Option<(String, u8)> {
+        let r = match e {
             Expr::Lit(s) => (s.chars().map(regex_char).collect(), if s.chars().count() == 1 { 2 } else { 1 }),
             Expr::Class(set) => (class_regex(set), 2),
-            Expr::Ref(r) => self.regex(self.bodies[*r]),
+            Expr::Ref(r) => {
+                if let Some(memo) = self.rx_memo.borrow().get(r) {
+                    return memo.clone();
+                }
+                let rx = self.regex(self.bodies[*r]);
+                self.rx_memo.borrow_mut().insert(*r, rx.clone());
+                return rx;
+            }
             // Never reached: runs are regular, and regular rules have no tokens.
             Expr::Token(_) => (NOTHING.to_string(), 2),
             Expr::Seq(items) => {
-                let parts: Vec<String> = items.iter().map(|i| rx_paren(self.regex(i), 1)).collect();
-                (parts.concat(), if items.len() == 1 { self.regex(&items[0]).1 } else { 1 })
+                let mut text = String::new();
+                for i in items {
+                    text.push_str(&rx_paren(self.regex(i)?, 1));
+                }
+                (text, 1)
             }
             Expr::Alt(alts) => {
-                let parts: Vec<String> = alts.iter().map(|a| self.regex(a).0).collect();
+                let mut parts = Vec::with_capacity(alts.len());
+                for a in alts {
+                    parts.push(self.regex(a)?.0);
+                }
                 (parts.join("|"), 0)
             }
-            Expr::Rep(inner, min, max) => (format!("{}{}", rx_paren(self.regex(inner), 2), rep_suffix(*min, *max)), 1),
-        }
+            Expr::Rep(inner, min, max) => (format!("{}{}", rx_paren(self.regex(inner)?, 2), rep_suffix(*min, *max)), 1),
+        };
+        (r.0.len() <= MAX_REGEX).then_some(r)
     }
 }
 
@@ -419,6 +446,12 @@ fn rx_paren((text, prec): (String, u8), need: u8) -> String {
 
 /// A regex matching nothing (a GBNF `[]`, or a class of surrogates only).
 const NOTHING: &str = "[^\\x{0}-\\x{10FFFF}]";
+
+/// Only an exact count of a prefix-free language is prefix-free on its own; a sequence can
+/// still make a variable count prefix-free (see `seq_info`).
+fn rep_info(i: Info, min: u32, max: Option<u32>) -> Info {
+    Info { nullable: min == 0 || i.nullable, first: i.first, prefix_free: i.prefix_free && max == Some(min) }
+}
 
 fn paren((text, prec): (String, u8), need: u8) -> String {
     if prec >= need { text } else { format!("({text})") }

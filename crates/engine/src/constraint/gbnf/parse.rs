@@ -3,6 +3,8 @@
 //! newline outside parentheses, a newline after `|` continues it, `#` comments anywhere
 //! whitespace may be), written from the format's description, not from its code.
 
+use std::collections::HashMap;
+
 use super::chars::CharSet;
 
 /// A position in the source, 1-based, counted in characters.
@@ -47,10 +49,18 @@ pub(super) struct Rule {
 /// almost always a mistake that would make a huge grammar.
 const MAX_REPETITION: u32 = 10_000;
 
+/// Parentheses nested deeper than this are refused: the reader, and the converter after
+/// it, recurse once per level, and a server must not overflow its stack on a hostile input.
+const MAX_NESTING: usize = 64;
+
 pub(super) struct Parser<'a> {
     chars: Vec<char>,
+    /// Index in `chars` where each line starts, for line/column numbers.
+    line_starts: Vec<usize>,
     at: usize,
+    depth: usize,
     pub rules: Vec<Rule>,
+    ids: HashMap<String, usize>,
     src: &'a str,
 }
 
@@ -58,26 +68,26 @@ type PResult<T> = Result<T, String>;
 
 impl<'a> Parser<'a> {
     pub fn new(src: &'a str) -> Parser<'a> {
-        Parser { chars: src.chars().collect(), at: 0, rules: Vec::new(), src }
+        let chars: Vec<char> = src.chars().collect();
+        let mut line_starts = vec![0];
+        line_starts.extend(chars.iter().enumerate().filter(|(_, c)| **c == '\n').map(|(i, _)| i + 1));
+        Parser { chars, line_starts, at: 0, depth: 0, rules: Vec::new(), ids: HashMap::new(), src }
     }
 
     fn pos_of(&self, at: usize) -> Pos {
-        let (mut line, mut col) = (1, 1);
-        for &c in &self.chars[..at.min(self.chars.len())] {
-            if c == '\n' {
-                line += 1;
-                col = 1;
-            } else {
-                col += 1;
-            }
-        }
-        Pos { line, col }
+        let line = self.line_starts.partition_point(|&s| s <= at);
+        Pos { line, col: at - self.line_starts[line - 1] + 1 }
     }
 
     pub fn err_at(&self, at: usize, msg: impl std::fmt::Display) -> String {
         let p = self.pos_of(at);
-        let line = self.src.lines().nth(p.line - 1).unwrap_or("");
-        format!("GBNF error at line {}, column {}: {msg} (in `{}`)", p.line, p.col, line.trim_end())
+        let line = self.src.lines().nth(p.line - 1).unwrap_or("").trim_end();
+        // Quote the line for context, but not a whole megabyte of one-line grammar.
+        let mut quoted: String = line.chars().take(100).collect();
+        if quoted.len() < line.len() {
+            quoted.push('…');
+        }
+        format!("GBNF error at line {}, column {}: {msg} (in `{quoted}`)", p.line, p.col)
     }
 
     fn peek(&self) -> Option<char> {
@@ -121,9 +131,10 @@ impl<'a> Parser<'a> {
     }
 
     fn rule_id(&mut self, name: &str) -> usize {
-        if let Some(i) = self.rules.iter().position(|r| r.name == name) {
+        if let Some(&i) = self.ids.get(name) {
             return i;
         }
+        self.ids.insert(name.to_string(), self.rules.len());
         self.rules.push(Rule {
             name: name.to_string(),
             defined_at: None,
@@ -191,9 +202,15 @@ impl<'a> Parser<'a> {
                     Expr::Class(CharSet::all())
                 }
                 '(' => {
+                    if self.depth >= MAX_NESTING {
+                        return Err(self.err_at(start, format!("parentheses nested deeper than {MAX_NESTING}")));
+                    }
                     self.at += 1;
                     self.skip_space(true);
-                    let inner = self.alternatives(true)?;
+                    self.depth += 1;
+                    let inner = self.alternatives(true);
+                    self.depth -= 1;
+                    let inner = inner?;
                     if self.peek() != Some(')') {
                         return Err(self.err_at(self.at, "expected `)`"));
                     }

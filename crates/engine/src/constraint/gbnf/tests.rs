@@ -462,3 +462,33 @@ fn random_grammars_keep_their_language() {
 fn exact_count_before_open_tail_is_not_one_lexeme() {
     check(r#"root ::= ("a" "a"{2} .*) [']+"#, &["aaa'", "aaab''", "aaa'''"], &["aa'", "aaa"]);
 }
+
+/// Inputs built to exhaust the converter: deep nesting is refused, long reference chains
+/// and exponentially growing inlining finish quickly.
+#[test]
+fn hostile_inputs_are_bounded() {
+    let deep = format!("root ::= {}\"a\"{}", "(".repeat(5000), ")".repeat(5000));
+    assert!(gbnf_to_lark(&deep).unwrap_err().contains("nested deeper than 64"));
+    let nested_reps = format!("root ::= {}\"a\"{}", "(".repeat(60), ")*".repeat(60));
+    gbnf_to_lark(&nested_reps).unwrap();
+
+    let t = std::time::Instant::now();
+    // A chain of 20 000 rules, each referencing the next.
+    let mut chain = String::from("root ::= r0\n");
+    for i in 0..20_000 {
+        chain.push_str(&format!("r{i} ::= \"x\" r{}\n", i + 1));
+    }
+    chain.push_str("r20000 ::= \"!\"\n");
+    let lark = gbnf_to_lark(&chain).unwrap();
+    assert!(lark.lines().count() > 100);
+    // Each rule doubles the one below: inlined, the last would be 2^40 characters.
+    let mut doubling = String::from("root ::= d0 \"!\"\n");
+    for i in 0..40 {
+        doubling.push_str(&format!("d{i} ::= d{0} \"-\" d{0}\n", i + 1));
+    }
+    doubling.push_str("d40 ::= \"ab\"\n");
+    let lark = gbnf_to_lark(&doubling).unwrap();
+    assert!(lark.len() < 200_000, "{}", lark.len());
+    assert!(t.elapsed().as_secs() < 20, "{:?}", t.elapsed());
+    compile(&doubling);
+}
