@@ -34,16 +34,12 @@ impl CharSet {
         if lo > hi {
             return;
         }
-        if lo < SUR_LO && hi > SUR_HI {
-            self.insert(lo, SUR_LO - 1);
-            self.insert(SUR_HI + 1, hi);
-        } else if lo >= SUR_LO && hi <= SUR_HI {
-        } else if (SUR_LO..=SUR_HI).contains(&lo) {
-            self.insert(SUR_HI + 1, hi);
-        } else if (SUR_LO..=SUR_HI).contains(&hi) {
-            self.insert(lo, SUR_LO - 1);
-        } else {
-            self.insert(lo, hi);
+        // The parts below and above the surrogate block, whichever are non-empty.
+        if lo < SUR_LO {
+            self.insert(lo, hi.min(SUR_LO - 1));
+        }
+        if hi > SUR_HI {
+            self.insert(lo.max(SUR_HI + 1), hi);
         }
     }
 

@@ -11,16 +11,29 @@
 //!   (UTF-8 is prefix-free, so these never conflict with one another);
 //! * a string of several characters stays one lexeme when no other lexeme of the grammar is
 //!   a prefix of it or starts like it would;
-//! * a rule that is regular (no recursion, no token references), never empty, and whose
-//!   language is prefix-free becomes one regex terminal — when no other lexeme of the grammar
-//!   can start with one of its first characters. This is what makes `string ::= "\"" char*
-//!   "\""` one lexeme, which matters: llguidance computes masks lexeme by lexeme, and
-//!   code-point-sized lexemes over free text exhaust its per-mask item budget.
+//! * in a sequence, a run of two or more regular items (no recursion, no token references,
+//!   referenced rules inlined) that is never empty and prefix-free becomes one regex lexeme
+//!   — when no other lexeme of the grammar can start with one of its first characters. This
+//!   is what makes `"\"" char* "\""` one lexeme, which matters: llguidance computes masks
+//!   lexeme by lexeme, and code-point-sized lexemes over free text exhaust its per-mask item
+//!   budget on a real vocabulary.
 //!
-//! Everything else becomes Lark parser rules (lowercase), which keep the GBNF structure.
+//! Conflicting multi-character lexemes are demoted (strings split, runs given up) until none
+//! is left. Everything else stays Lark parser rules (lowercase, `root` as `start`), which
+//! keep the GBNF structure, so the output reads like the input. The prefix-freedom analysis
+//! is conservative (first-character sets), never optimistic: a random-grammar test checks
+//! the converted languages against a reference reading of the GBNF.
+//!
 //! Token references map to llguidance's special-token syntax: `<[12]>` stays, `!<[12]>`
-//! becomes `<[^12]>`, `<name>` stays; `!<name>` is refused (llguidance cannot negate a token
-//! given by text).
+//! becomes `<[^12]>`, `<name>` stays (llguidance resolves it among the special tokens, where
+//! llama.cpp tokenizes the text; an unknown name fails when the grammar is compiled);
+//! `!<name>` is refused (llguidance cannot negate a token given by text).
+//!
+//! Where this reads GBNF differently from llama.cpp, it refuses rather than guesses: a rule
+//! defined twice (llama.cpp keeps the last), repetition counts over 10 000, parentheses
+//! nested over 64 deep, a surrogate or out-of-range code point in a string. It accepts
+//! `{,n}` as `{0,n}`. In a class, surrogates are dropped (no text contains them), so
+//! `[\uD800-\uDFFF]` matches nothing, as in llama.cpp.
 
 mod chars;
 mod parse;
