@@ -33,7 +33,7 @@
 //! defined twice (llama.cpp keeps the last), repetition counts over 10 000, parentheses
 //! nested over 64 deep, a surrogate or out-of-range code point in a string. It accepts
 //! `{,n}` as `{0,n}`. In a class, surrogates are dropped (no text contains them), so
-//! `[\uD800-\uDFFF]` matches nothing, as in llama.cpp.
+//! `[\uD800-\uDFFF]` matches nothing.
 
 mod chars;
 mod parse;
