@@ -14,9 +14,10 @@
 //! * in a sequence, a run of two or more regular items (no recursion, no token references,
 //!   referenced rules inlined) that is never empty and prefix-free becomes one regex lexeme
 //!   — when no other lexeme of the grammar can start with one of its first characters. This
-//!   is what makes `"\"" char* "\""` one lexeme, which matters: llguidance computes masks
-//!   lexeme by lexeme, and code-point-sized lexemes over free text exhaust its per-mask item
-//!   budget on a real vocabulary.
+//!   is what makes `"\"" char* "\""` one lexeme, which matters: llguidance walks the
+//!   token trie with its parser at every lexeme boundary, so code-point-sized lexemes over
+//!   free text make masks slow (measured: 29 masks along a JSON string over a 128k-token
+//!   vocabulary, 48 ms with one lexeme per character, 0.6 ms with the string as one).
 //!
 //! Conflicting multi-character lexemes are demoted (strings split, runs given up) until none
 //! is left. Everything else stays Lark parser rules (lowercase, `root` as `start`), which

@@ -492,3 +492,33 @@ fn hostile_inputs_are_bounded() {
     assert!(t.elapsed().as_secs() < 20, "{:?}", t.elapsed());
     compile(&doubling);
 }
+
+/// With a real 128k-token vocabulary (llama.cpp's vocabulary-only test file, skipped when
+/// absent), masks along a JSON string are computed within llguidance's default budgets
+/// (and quickly: the string body is one regex lexeme, not one lexeme per character).
+#[test]
+fn json_masks_with_a_real_vocabulary() {
+    let path = "/work/shared/models/vocab/ggml-vocab-llama-bpe.gguf";
+    let Ok(file) = onebit_gguf::GgufFile::open(path) else {
+        eprintln!("skipped: no {path}");
+        return;
+    };
+    let tok = onebit_tokenizer::Tokenizer::from_metadata(&file.metadata()).expect("tokenizer");
+    let n = tok.vocab().len() as u32;
+    let words: Vec<Vec<u8>> = (0..n).map(|id| tok.piece(id, false).to_vec()).collect();
+    let info = toktrie::TokRxInfo::new(n, n - 1);
+    let env: TokEnv = Arc::new(ApproximateTokEnv::new(toktrie::TokTrie::from(&info, &words)));
+    let mut f = ParserFactory::new_simple(&env).expect("factory");
+    f.quiet();
+    let lark = gbnf_to_lark(&testdata("json.gbnf")).unwrap();
+    let mut m = Matcher::new(f.create_parser(TopLevelGrammar::from_lark(lark)));
+    let t = std::time::Instant::now();
+    let prefix = r#"{"name": "some free text, and"#;
+    for tid in tok.encode(prefix, false, false).unwrap() {
+        m.compute_mask().expect("mask");
+        m.consume_token(tid).expect("token");
+    }
+    let mask = m.compute_mask().expect("mask inside a string");
+    assert!(mask.num_set() > 50_000, "{}", mask.num_set());
+    eprintln!("{} masks in {:?}", prefix.len(), t.elapsed());
+}
