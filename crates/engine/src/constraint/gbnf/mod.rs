@@ -28,7 +28,10 @@
 //! Token references map to llguidance's special-token syntax: `<[12]>` stays, `!<[12]>`
 //! becomes `<[^12]>`, `<name>` stays (llguidance resolves it among the special tokens, where
 //! llama.cpp tokenizes the text; an unknown name fails when the grammar is compiled);
-//! `!<name>` is refused (llguidance cannot negate a token given by text).
+//! `!<name>` is refused (llguidance cannot negate a token given by text). One gap remains:
+//! where a token reference and text could both take the next token, llguidance commits to
+//! the token reference, so `!<[66]>* "z"` never reaches its `z` (llama.cpp would); the usual
+//! shape, `!<[66]>* <[66]>`, is exact.
 //!
 //! Where this reads GBNF differently from llama.cpp, it refuses rather than guesses: a rule
 //! defined twice (llama.cpp keeps the last), repetition counts over 10 000, parentheses

@@ -125,6 +125,11 @@ impl<'a> Parser<'a> {
             self.at += 1;
         }
         if start == self.at {
+            if self.peek() == Some('|') {
+                // The common slip: GBNF continues a rule after a trailing `|`, not before a
+                // leading one.
+                return Err(self.err_at(start, "a line cannot start with `|`: end the previous line with it instead"));
+            }
             return Err(self.err_at(start, "expected a rule name"));
         }
         Ok(self.chars[start..self.at].iter().collect())

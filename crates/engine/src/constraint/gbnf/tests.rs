@@ -194,6 +194,11 @@ fn dot_class_edges_and_unicode_ranges() {
 }
 
 #[test]
+fn crlf_line_ends() {
+    check("root ::= a |\r\n  b\r\na ::= \"x\" # c\r\nb ::= (\r\n\"y\"\r\n)\r\n", &["x", "y"], &["xy", "\r\n"]);
+}
+
+#[test]
 fn recursion_and_multiline_rules() {
     let g = "root ::= expr\nexpr ::= term (\n  (\"+\" | \"-\") term\n)*\nterm ::= [0-9]+ | \"(\" expr \")\"\n";
     check(g, &["1", "1+2", "(1-(2+3))+4", "((((9))))"], &["", "1+", "(1", "1)"]);
@@ -235,9 +240,14 @@ fn token_references() {
     // Single-byte tokenizer: token 65 is the byte `A`.
     let lark = gbnf_to_lark("root ::= <[65]> !<[66]>* \"z\"").unwrap();
     assert_eq!(lark, "start: <[65]> <[^66]>* \"z\"\n");
-    let (_, m) = compile("root ::= <[65]> \"z\"");
-    assert!(accepts(&m, "Az"));
-    assert!(!accepts(&m, "Bz"));
+    // The shape of llama.cpp's thinking example: anything but B, then B.
+    let (_, m) = compile("root ::= <[65]> !<[66]>* <[66]> \"z\"");
+    assert!(accepts(&m, "ABz") && accepts(&m, "ACAzBz"));
+    assert!(!accepts(&m, "Bz") && !accepts(&m, "Az") && !accepts(&m, "ABBz"));
+    // The documented gap: where a negated token and text could both take a token,
+    // llguidance takes the token, so this never reaches its "z".
+    let (_, m) = compile("root ::= <[65]> !<[66]>* \"z\"");
+    assert!(!accepts(&m, "Az"));
     assert_eq!(gbnf_to_lark("root ::= <think> x\nx ::= \"a\"").unwrap(), "start: <think> x\nx: \"a\"\n");
     let e = gbnf_to_lark("root ::= <think> thinking </think>\nthinking ::= !</think>*").unwrap_err();
     assert!(e.contains("line 2, column 14") && e.contains("by id"), "{e}");
@@ -291,6 +301,7 @@ fn errors_name_the_problem_and_place() {
     err("root ::= <abc", &["unterminated token reference"]);
     err("root ::= !\"a\"", &["expected `<` after `!`"]);
     err("", &["no `root` rule"]);
+    err("root ::= \"a\"\n  | \"b\"", &["cannot start with `|`", "line 2, column 3"]);
 }
 
 /// Mangled versions of every example and random byte soup: the converter answers (Ok or
