@@ -4,7 +4,8 @@
 //! the GBNF language does (greedy lexing must not change the language).
 //!
 //! `testdata/*.gbnf` are llama.cpp's example grammars (from llama.cpp's `grammars/`
-//! directory, MIT licence, copyright the ggml authors), used as test input only.
+//! directory, MIT licence, copyright the ggml authors: `testdata/LICENSE-llama.cpp`), used as
+//! test input only.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
