@@ -51,8 +51,8 @@ use std::fmt::Write as _;
 use chars::CharSet;
 use parse::{Expr, Parser, TokenRef};
 
-/// Above this many characters a rule's inlined regex is not worth a terminal (nesting of
-/// regular rules can blow up when inlined); the rule stays a parser rule instead.
+/// Above this many characters a run's regex (referenced rules inlined, which can blow up
+/// with nesting) is given up, and its items stay separate.
 const MAX_REGEX: usize = 20_000;
 
 /// How deep a chain of references may be inlined into one regex.
