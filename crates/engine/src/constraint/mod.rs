@@ -2,6 +2,8 @@
 //! expression, a grammar), compiled by llguidance over a token trie built from the GGUF
 //! vocabulary, and applied as a mask on the logits before sampling.
 
+pub mod gbnf;
+
 use serde_json::Value as Json;
 
 /// The language the output must belong to.
