@@ -92,3 +92,81 @@ impl TokenizerEnv for OnebitTokEnv {
         self.trie.greedy_tokenize(s)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use onebit_gguf::GgufFile;
+    use toktrie::TokenizerEnv;
+
+    use super::*;
+
+    fn env(rel: &str) -> Option<OnebitTokEnv> {
+        let path = onebit_testkit::shared_file(rel).filter(|p| p.is_file())?;
+        let file = GgufFile::open(path).unwrap();
+        let tok = Arc::new(Tokenizer::from_metadata(&file.metadata()).unwrap());
+        let n = tok.vocab().len();
+        Some(OnebitTokEnv::new(tok, n).unwrap())
+    }
+
+    /// Text tokens spell their decoded bytes; literals tokenize back to themselves.
+    fn check_text(e: &OnebitTokEnv, text: &str) {
+        let ids = e.tokenize_bytes(text.as_bytes());
+        assert_eq!(e.tok_trie().decode_raw(&ids), text.as_bytes(), "{text:?} -> {ids:?}");
+        assert!(ids.iter().all(|&id| !e.tok_trie().is_special_token(id)));
+    }
+
+    #[test]
+    fn qwen3_special_tokens_carry_the_marker_and_every_eog_ends() {
+        let Some(e) = env("models/qwen3-q8_0.gguf") else { return };
+        let trie = e.tok_trie();
+        let im_end = e.tokenizer.vocab().id("<|im_end|>").unwrap();
+        let eot = e.tokenizer.vocab().id("<|endoftext|>").unwrap();
+        assert!(trie.is_special_token(im_end));
+        assert_eq!(trie.token(im_end), b"\xff<|im_end|>");
+        assert_eq!(trie.token_id_at_bytes(b"\xff<|im_end|>"), Some(im_end));
+        for id in [im_end, eot] {
+            assert!(trie.eos_tokens().contains(&id), "{id} is not an EOS of the trie");
+        }
+        // Plain text that looks like a special token is text.
+        check_text(&e, "<|im_end|> is not the end");
+        check_text(&e, "{\"naïve\": [1, 2.5e3, null]} 日本語 🙂");
+        // A user-defined token (Qwen's <tool_call>, where the vocabulary has it) is plain text.
+        if let Some(call) = e.tokenizer.vocab().id("<tool_call>") {
+            assert_eq!(trie.token(call), b"<tool_call>");
+        }
+    }
+
+    #[test]
+    fn gpt2_byte_level_tokens_are_raw_bytes() {
+        let Some(e) = env("models/vocab/ggml-vocab-gpt-2.gguf") else { return };
+        // "Ġthe" is " the" as bytes.
+        let id = e.tokenizer.vocab().id("Ġthe").unwrap();
+        assert_eq!(e.tok_trie().token(id), b" the");
+        check_text(&e, " the quick\n\tbrown ünïcödé");
+    }
+
+    #[test]
+    fn spm_pieces_have_spaces_and_byte_tokens_their_byte() {
+        let Some(e) = env("models/vocab/ggml-vocab-llama-spm.gguf") else { return };
+        let v = e.tokenizer.vocab();
+        let id = v.id("▁the").unwrap();
+        assert_eq!(e.tok_trie().token(id), b" the");
+        let byte = v.id("<0x0A>").unwrap();
+        assert_eq!(e.tok_trie().token(byte), b"\n");
+        let bos = v.specials.bos.unwrap();
+        assert!(e.tok_trie().is_special_token(bos));
+        // A literal in the middle of the output gets no leading space.
+        check_text(&e, "the cat");
+        check_text(&e, "{\"a\":1}");
+    }
+
+    #[test]
+    fn the_single_byte_env_compiles_a_grammar() {
+        // llguidance's own byte-level environment: a sanity check of the compile path.
+        let env = toktrie::ApproximateTokEnv::single_byte_env();
+        let f = llguidance::ParserFactory::new_simple(&env).unwrap();
+        let p = f.create_parser(llguidance::api::TopLevelGrammar::from_regex("ab[0-9]")).unwrap();
+        let mut m = llguidance::Matcher::new(Ok(p));
+        assert_eq!(m.compute_ff_tokens(), vec![b'a' as u32, b'b' as u32]);
+    }
+}

@@ -454,6 +454,11 @@ impl Sequence {
         };
         let n = self.logprobs;
         let id = self.sampler_mut().sample_with(logits, &mut w.candidates);
-        Ok((id, n.map(|n| sampling::logprobs(logits, id, n))))
+        let mut lp = n.map(|n| sampling::logprobs(logits, id, n));
+        // Fewer tokens than asked for may be allowed: the rest are not candidates at all.
+        if let Some(lp) = lp.as_mut() {
+            lp.top.retain(|&(_, p)| p.is_finite());
+        }
+        Ok((id, lp))
     }
 }
