@@ -32,6 +32,8 @@ pub mod sampling;
 pub mod scheduler;
 pub mod stop;
 
+use std::sync::{Arc, OnceLock};
+
 use onebit_model::Model;
 use onebit_tokenizer::{ChatRequest, ChatTemplate, Tokenizer};
 use serde_json::{Map, Value as Json};
@@ -57,7 +59,9 @@ pub struct ChatOptions {
 /// A model ready to generate: weights, tokenizer and chat template.
 pub struct Engine {
     model: Model,
-    tokenizer: Tokenizer,
+    tokenizer: Arc<Tokenizer>,
+    /// Built on the first constrained request: a large vocabulary's trie takes a while.
+    guidance: OnceLock<Result<constraint::Guidance, String>>,
     template: Option<ChatTemplate>,
     template_source: Option<String>,
 }
@@ -74,7 +78,7 @@ impl Engine {
         let tokenizer = Tokenizer::from_metadata(&model.gguf().metadata())?;
         let template_source = tokenizer.chat_template().map(str::to_string);
         let template = template_source.as_deref().map(ChatTemplate::new).transpose()?;
-        Ok(Engine { model, tokenizer, template, template_source })
+        Ok(Engine { model, tokenizer: Arc::new(tokenizer), template, template_source, guidance: OnceLock::new() })
     }
 
     /// Render chats with `source` instead of the model's own template (`--chat-template-file`).
@@ -95,6 +99,27 @@ impl Engine {
 
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// The grammar compiler over this model's vocabulary, built on first use.
+    pub fn guidance(&self) -> Result<&constraint::Guidance, EngineError> {
+        let g = self.guidance.get_or_init(|| {
+            constraint::Guidance::new(Arc::clone(&self.tokenizer), self.model.config().vocab_size)
+        });
+        g.as_ref().map_err(|e| EngineError::Grammar(e.clone()))
+    }
+
+    /// Whether `c` compiles: the check a server makes before accepting a request
+    /// ([`Scheduler::submit`] makes it too).
+    pub fn check_constraint(&self, c: &Constraint) -> Result<(), EngineError> {
+        self.guidance()?.matcher(c).map(drop)
+    }
+
+    /// A running sequence's state for `c` (compiled now: errors come before any work).
+    pub(crate) fn constraint_state(&self, c: &Constraint) -> Result<constraint::ConstraintState, EngineError> {
+        let g = self.guidance()?;
+        let matcher = g.matcher(c)?;
+        Ok(constraint::ConstraintState::new(matcher, Arc::clone(g.tok_env()), c.trigger.as_deref()))
     }
 
     /// Whether the model brings a chat template (a model without one is prompted as text).

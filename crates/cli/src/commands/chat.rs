@@ -153,6 +153,7 @@ impl Chat<'_> {
             max_tokens: self.args.max_tokens(),
             stop: self.args.stop.clone(),
             cancel: Some(Arc::clone(&self.cancel)),
+            constraint: self.args.constraint()?,
             ..Default::default()
         };
         self.cancel.store(false, Ordering::Relaxed);

@@ -1,7 +1,10 @@
-//! Options shared by `run` and `chat`: sampling, stop strings, the system prompt, thinking; and
-//! the display of a streamed answer (a Qwen3-style `<think>` block dimmed or hidden).
+//! Options shared by `run` and `chat`: sampling, stop strings, the system prompt, thinking, the
+//! answer's grammar (`--json-schema`, `--grammar`, `--json-object`); and the display of a streamed answer (a Qwen3-style `<think>` block dimmed or hidden).
 
-use onebit_engine::{ChatOptions, SamplingParams};
+use std::path::PathBuf;
+
+use anyhow::Context;
+use onebit_engine::{ChatOptions, Constraint, Grammar, SamplingParams};
 use serde_json::Value as Json;
 
 use super::ui::Style;
@@ -50,6 +53,16 @@ pub struct GenArgs {
     /// Print only the answer: no statistics, no progress.
     #[arg(short = 'q', long)]
     pub quiet: bool,
+    /// Make the answer JSON valid under the JSON schema in FILE.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["grammar", "json_object"])]
+    pub json_schema: Option<PathBuf>,
+    /// Make the answer follow the grammar in FILE: GBNF (as llama.cpp's --grammar-file), or
+    /// llguidance's Lark when the file starts with `%llguidance`.
+    #[arg(long, value_name = "FILE", conflicts_with = "json_object")]
+    pub grammar: Option<PathBuf>,
+    /// Make the answer a JSON object.
+    #[arg(long)]
+    pub json_object: bool,
 }
 
 impl GenArgs {
@@ -80,6 +93,27 @@ impl GenArgs {
             };
             anyhow::anyhow!("{flag}: {}", e.reason)
         })
+    }
+
+    /// The answer's constraint, from `--json-schema`, `--grammar` or `--json-object` (the
+    /// files read and the schema parsed now; the engine compiles it when the request is sent).
+    pub fn constraint(&self) -> anyhow::Result<Option<Constraint>> {
+        let read = |p: &PathBuf, flag: &str| {
+            std::fs::read_to_string(p).with_context(|| format!("{flag}: reading {}", p.display()))
+        };
+        let grammar = if let Some(p) = &self.json_schema {
+            let schema = serde_json::from_str(&read(p, "--json-schema")?)
+                .with_context(|| format!("--json-schema: {} is not JSON", p.display()))?;
+            Grammar::JsonSchema(schema)
+        } else if let Some(p) = &self.grammar {
+            let src = read(p, "--grammar")?;
+            if src.trim_start().starts_with("%llguidance") { Grammar::Lark(src) } else { Grammar::Gbnf(src) }
+        } else if self.json_object {
+            Grammar::JsonObject
+        } else {
+            return Ok(None);
+        };
+        Ok(Some(Constraint::new(grammar)))
     }
 
     pub fn max_tokens(&self) -> Option<usize> {

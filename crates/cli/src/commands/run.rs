@@ -47,6 +47,7 @@ pub fn run(args: Args) -> Result<u8> {
     args.gen_args.check()?;
     let ui = Ui::new(args.gen_args.quiet || args.json);
     let prompt = read_prompt(&args)?;
+    let constraint = args.gen_args.constraint()?;
     let (engine, scheduler) = start_engine(&args.model, &args.engine, &ui)?;
     let templated = !args.raw && engine.has_chat_template();
     let text = if templated {
@@ -66,6 +67,7 @@ pub fn run(args: Args) -> Result<u8> {
         max_tokens: args.gen_args.max_tokens(),
         stop: args.gen_args.stop.clone(),
         cancel: Some(Arc::clone(&cancel)),
+        constraint,
         ..Default::default()
     };
     let mut printer = AnswerPrinter::new(Style::for_stdout(), args.gen_args.no_think);

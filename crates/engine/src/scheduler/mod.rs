@@ -75,6 +75,10 @@ pub struct SchedulerStats {
     pub preemptions: u64,
     /// The sum over steps of the sequences in each (busy places per step, times steps).
     pub busy_slot_steps: u64,
+    /// Grammar masks computed (one per constrained token drawn), and the time they took in
+    /// all, in microseconds (they run beside the forward pass, not after it).
+    pub masks: u64,
+    pub mask_micros: u64,
 }
 
 pub(crate) enum Command {
@@ -114,6 +118,7 @@ pub struct Scheduler {
     shared: Arc<Shared>,
     config: SchedulerConfig,
     vocab: usize,
+    engine: Arc<Engine>,
     worker: Option<JoinHandle<()>>,
 }
 
@@ -133,12 +138,12 @@ impl Scheduler {
         let shared = Arc::new(Shared { in_flight: AtomicUsize::new(0), next_id: AtomicU64::new(1) });
         let (tx, rx) = mpsc::channel();
         let vocab = model.config().vocab_size;
-        let worker = worker::Worker::new(engine, pool, kv, config, rx, Arc::clone(&shared));
+        let worker = worker::Worker::new(Arc::clone(&engine), pool, kv, config, rx, Arc::clone(&shared));
         let worker = std::thread::Builder::new()
             .name("onebit-engine".into())
             .spawn(move || worker.run())
             .map_err(|e| EngineError::Config(format!("starting the engine thread: {e}")))?;
-        Ok(Scheduler { tx, shared, config, vocab, worker: Some(worker) })
+        Ok(Scheduler { tx, shared, config, vocab, engine, worker: Some(worker) })
     }
 
     /// The configuration in effect (with `kv_size` filled in).
@@ -147,7 +152,8 @@ impl Scheduler {
     }
 
     /// Queue a request: generate after `prompt` (token ids) as `req` says. Fails at once if the
-    /// prompt does not fit the context, or if `parallel + queue_size` requests are in flight.
+    /// prompt does not fit the context, if the request's constraint does not compile
+    /// ([`EngineError::Grammar`]), or if `parallel + queue_size` requests are in flight.
     pub fn submit(&self, prompt: Vec<u32>, req: GenerateRequest) -> Result<RequestHandle, EngineError> {
         let (events_tx, events) = mpsc::channel();
         let Submitted { id, cancel } = self.submit_to(prompt, req, events_tx)?;
@@ -163,6 +169,9 @@ impl Scheduler {
         sink: impl EventSink,
     ) -> Result<Submitted, EngineError> {
         self.check_prompt(&prompt)?;
+        // Compiled here, on the caller's thread: a bad grammar fails before anything is queued,
+        // and the engine loop never waits for a compilation.
+        let constraint = req.constraint.as_ref().map(|c| self.engine.constraint_state(c)).transpose()?;
         let limit = self.config.parallel + self.config.queue_size;
         if self.shared.in_flight.fetch_add(1, Ordering::AcqRel) >= limit {
             self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -170,7 +179,7 @@ impl Scheduler {
         }
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let cancel = Arc::new(AtomicBool::new(false));
-        let seq = Sequence::new(id, prompt, req, Box::new(sink), Arc::clone(&cancel));
+        let seq = Sequence::new(id, prompt, req, Box::new(sink), Arc::clone(&cancel), constraint);
         if self.tx.send(Command::Submit(Box::new(seq))).is_err() {
             self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
             return Err(EngineError::ShutDown);

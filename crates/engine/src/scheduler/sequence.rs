@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use onebit_tokenizer::{StreamDecoder, Tokenizer};
 
+use crate::constraint::{ConstraintState, Progress};
 use crate::request::{Completion, Event, EventSink, FinishReason, GenerateRequest, Timings, Usage};
 use crate::sampling::{Sampler, TokenLogprobs};
 use crate::stop::StopMatcher;
@@ -41,6 +42,8 @@ pub(crate) struct Sequence {
     pub chain: u64,
     /// Prompt tokens found in the prefix cache when the sequence first got its place.
     pub cached: usize,
+    /// The grammar the output must follow (taken out while its mask is computed).
+    pub constraint: Option<Box<ConstraintState>>,
     sampler: Sampler,
     stops: StopMatcher,
     decoder: StreamDecoder,
@@ -59,10 +62,12 @@ pub(crate) struct Sequence {
 }
 
 /// What became of a sequence after its token of a step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum After {
     Continue,
     Finish(FinishReason),
+    /// The constraint's matcher failed (the message).
+    Fail(String),
 }
 
 impl Sequence {
@@ -72,6 +77,7 @@ impl Sequence {
         req: GenerateRequest,
         events: Box<dyn EventSink>,
         cancel: Arc<AtomicBool>,
+        constraint: Option<ConstraintState>,
     ) -> Sequence {
         let mut sampler = Sampler::new(req.sampling);
         prompt.iter().for_each(|&id| sampler.accept(id));
@@ -84,6 +90,7 @@ impl Sequence {
             n_registered: 0,
             chain: 0,
             cached: 0,
+            constraint: constraint.map(Box::new),
             sampler,
             stops: StopMatcher::new(&req.stop),
             decoder: StreamDecoder::new(),
@@ -149,10 +156,31 @@ impl Sequence {
         self.max_tokens.is_none_or(|n| self.ids.len() < n)
     }
 
-    /// Take the token sampled for this sequence: emit it, and say whether it goes on.
+    /// Take the token sampled for this sequence: emit it, then any tokens the grammar forces
+    /// after it (they are computed together at the next step), and say whether it goes on.
     pub fn push_token(&mut self, tok: &Tokenizer, id: u32, logprobs: Option<TokenLogprobs>, ctx: usize) -> After {
         self.first_token.get_or_insert_with(Instant::now);
-        if !self.ignore_eos && tok.is_eog(id) {
+        let after = self.push_one(tok, id, logprobs, ctx);
+        if after != After::Continue {
+            return after;
+        }
+        let Some(c) = self.constraint.as_mut() else { return After::Continue };
+        for id in c.forced() {
+            // A forced token has probability 1 under the masked distribution.
+            let lp = self.logprobs.map(|_| TokenLogprobs { id, logprob: 0.0, top: vec![(id, 0.0)] });
+            let after = self.push_one(tok, id, lp, ctx);
+            if after != After::Continue {
+                return after;
+            }
+        }
+        After::Continue
+    }
+
+    fn push_one(&mut self, tok: &Tokenizer, id: u32, logprobs: Option<TokenLogprobs>, ctx: usize) -> After {
+        // Under an active constraint the grammar decides: an end-of-generation token comes
+        // only where it may end the output, and then it ends it even with `ignore_eos`.
+        let constrained = self.constraint.as_ref().is_some_and(|c| c.is_active());
+        if (constrained || !self.ignore_eos) && tok.is_eog(id) {
             return After::Finish(FinishReason::Stop);
         }
         self.sampler.accept(id);
@@ -166,6 +194,13 @@ impl Sequence {
             self.stops = StopMatcher::new(&[]);
             self.decoder = StreamDecoder::new();
             return After::Finish(FinishReason::Stop);
+        }
+        if let Some(c) = self.constraint.as_mut() {
+            match c.accept(tok, id) {
+                Progress::Continue => {}
+                Progress::Complete => return After::Finish(FinishReason::Stop),
+                Progress::Failed(e) => return After::Fail(e),
+            }
         }
         if !self.wants_more() {
             return After::Finish(FinishReason::Length);

@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
+use std::time::Instant;
 
 use onebit_kernels::{PerThread, Pool};
 use onebit_model::{BLOCK_TOKENS, KvPool, LogitsWanted, Scratch, SeqInput};
@@ -18,6 +19,7 @@ use onebit_model::{BLOCK_TOKENS, KvPool, LogitsWanted, Scratch, SeqInput};
 use super::sequence::{After, Sequence};
 use super::{Command, SchedulerConfig, SchedulerStats, Shared};
 use crate::blocks::BlockManager;
+use crate::constraint::{ConstraintState, apply_mask};
 use crate::request::FinishReason;
 use crate::sampling::{self, Candidate, TokenLogprobs};
 use crate::{Engine, EngineError};
@@ -32,7 +34,7 @@ pub(super) struct Worker {
     blocks: BlockManager,
     scratch: Scratch,
     /// Per pool thread: the sampler's vocabulary-sized work space.
-    candidates: PerThread<Vec<Candidate>>,
+    work: PerThread<DrawSpace>,
     config: SchedulerConfig,
     rx: Receiver<Command>,
     shared: Arc<Shared>,
@@ -47,8 +49,19 @@ struct Draw<'a> {
     seq: usize,
     sequence: &'a mut Sequence,
     logits: &'a [f32],
-    out: Option<(u32, Option<TokenLogprobs>)>,
+    out: Option<Result<(u32, Option<TokenLogprobs>), String>>,
 }
+
+/// A pool thread's work space for draws: the sampler's candidates, and the masked logits of
+/// a constrained sequence.
+#[derive(Default)]
+struct DrawSpace {
+    candidates: Vec<Candidate>,
+    masked: Vec<f32>,
+}
+
+/// Constrained sequences whose next mask is being computed, by index in `running`.
+type Masking = Vec<(usize, Box<ConstraintState>)>;
 
 impl Worker {
     pub fn new(
@@ -60,14 +73,14 @@ impl Worker {
         shared: Arc<Shared>,
     ) -> Worker {
         let blocks = BlockManager::new(kv.n_blocks(), BLOCK_TOKENS);
-        let candidates = PerThread::new(pool.n_threads(), Vec::new);
+        let work = PerThread::new(pool.n_threads(), DrawSpace::default);
         Worker {
             engine,
             pool,
             kv,
             blocks,
             scratch: Scratch::new(),
-            candidates,
+            work,
             config,
             rx,
             shared,
@@ -267,9 +280,20 @@ impl Worker {
         plan
     }
 
-    /// Run one forward pass for `plan`, then sample and stream.
+    /// Run one forward pass for `plan` (computing the grammar masks of constrained sequences
+    /// beside it), then sample and stream.
     fn step(&mut self, plan: &[(usize, usize)]) -> Result<(), EngineError> {
-        let Worker { engine, pool, kv, blocks, scratch, candidates, running, stats, .. } = self;
+        let Worker { engine, pool, kv, blocks, scratch, work, running, stats, .. } = self;
+        // The constraints of sequences that get logits this step leave their sequences while
+        // their masks are computed on another thread.
+        let mut masking: Masking = Vec::new();
+        for &(i, n) in plan {
+            let s = &mut running[i];
+            if s.n_computed + n == s.tokens.len() && s.wants_more() && s.constraint.as_ref().is_some_and(|c| c.is_active())
+            {
+                masking.extend(s.constraint.take().map(|c| (i, c)));
+            }
+        }
         let inputs: Vec<SeqInput> = plan
             .iter()
             .map(|&(i, n)| {
@@ -283,8 +307,23 @@ impl Worker {
                 }
             })
             .collect();
-        let logits = engine.model().forward(pool, kv, &inputs, scratch)?;
+        let (logits, masking) = if masking.is_empty() {
+            (engine.model().forward(pool, kv, &inputs, scratch), masking)
+        } else {
+            stats.masks += masking.len() as u64;
+            std::thread::scope(|sc| {
+                let handle = sc.spawn(move || compute_masks(masking));
+                let logits = engine.model().forward(pool, kv, &inputs, scratch);
+                let (masking, micros) = handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                stats.mask_micros += micros;
+                (logits, masking)
+            })
+        };
         drop(inputs);
+        for (i, c) in masking {
+            running[i].constraint = Some(c);
+        }
+        let logits = logits?;
         stats.steps += 1;
         stats.busy_slot_steps += plan.len() as u64;
         for &(i, n) in plan {
@@ -312,24 +351,32 @@ impl Worker {
         }
         pool.for_each_mut(&mut draws, &|tid, d| {
             // SAFETY: `tid` is this thread's own index in the running job.
-            let c = unsafe { candidates.get(tid) };
-            d.out = Some(d.sequence.draw(d.logits, c));
+            let w = unsafe { work.get(tid) };
+            d.out = Some(d.sequence.draw(d.logits, w));
         });
-        let drawn: Vec<(usize, (u32, Option<TokenLogprobs>))> =
+        let drawn: Vec<(usize, Result<(u32, Option<TokenLogprobs>), String>)> =
             draws.into_iter().map(|d| (d.seq, d.out.expect("every draw ran"))).collect();
 
         let tok = engine.tokenizer();
-        let mut finished: Vec<(usize, FinishReason)> =
-            length_done.into_iter().map(|i| (i, FinishReason::Length)).collect();
-        for (i, (id, lp)) in drawn {
-            if let After::Finish(reason) = running[i].push_token(tok, id, lp, self.config.ctx_size) {
-                finished.push((i, reason));
+        let mut finished: Vec<(usize, After)> =
+            length_done.into_iter().map(|i| (i, After::Finish(FinishReason::Length))).collect();
+        for (i, out) in drawn {
+            let after = match out {
+                Ok((id, lp)) => running[i].push_token(tok, id, lp, self.config.ctx_size),
+                Err(e) => After::Fail(e),
+            };
+            if after != After::Continue {
+                finished.push((i, after));
             }
         }
         finished.sort_by_key(|&(i, _)| std::cmp::Reverse(i));
-        for (i, reason) in finished {
+        for (i, after) in finished {
             let mut seq = self.running.remove(i);
-            self.finish(&mut seq, reason);
+            match after {
+                After::Finish(reason) => self.finish(&mut seq, reason),
+                After::Fail(e) => self.abort(seq, EngineError::Grammar(e)),
+                After::Continue => unreachable!("only ended sequences are listed"),
+            }
         }
         Ok(())
     }
@@ -381,11 +428,37 @@ fn register_full_blocks(blocks: &mut BlockManager, s: &mut Sequence) {
     }
 }
 
+/// Compute the masks of `masking` (on the mask thread, beside the forward pass); returns the
+/// constraints back and the time taken in microseconds.
+fn compute_masks(mut masking: Masking) -> (Masking, u64) {
+    let t = Instant::now();
+    masking.iter_mut().for_each(|(_, c)| c.compute_mask());
+    (masking, t.elapsed().as_micros() as u64)
+}
+
 impl Sequence {
-    /// The next token from `logits`, and its log-probabilities if the request asked.
-    fn draw(&mut self, logits: &[f32], candidates: &mut Vec<Candidate>) -> (u32, Option<TokenLogprobs>) {
+    /// The next token from `logits` (only among those its grammar allows, if it has one), and
+    /// its log-probabilities if the request asked: those of the masked distribution, so that
+    /// a disallowed token never shows up among the likely ones.
+    fn draw(&mut self, logits: &[f32], w: &mut DrawSpace) -> Result<(u32, Option<TokenLogprobs>), String> {
+        let logits = match self.constraint.as_mut() {
+            Some(c) if c.is_active() => match c.mask.take() {
+                Some(Ok(mask)) => {
+                    apply_mask(logits, &mask, &mut w.masked);
+                    &w.masked[..]
+                }
+                Some(Err(e)) => return Err(e),
+                None => return Err("internal error: no grammar mask was computed".into()),
+            },
+            _ => logits,
+        };
         let n = self.logprobs;
-        let id = self.sampler_mut().sample_with(logits, candidates);
-        (id, n.map(|n| sampling::logprobs(logits, id, n)))
+        let id = self.sampler_mut().sample_with(logits, &mut w.candidates);
+        let mut lp = n.map(|n| sampling::logprobs(logits, id, n));
+        // Fewer tokens than asked for may be allowed: the rest are not candidates at all.
+        if let Some(lp) = lp.as_mut() {
+            lp.top.retain(|&(_, p)| p.is_finite());
+        }
+        Ok((id, lp))
     }
 }
