@@ -28,6 +28,9 @@ pub struct GenerateRequest {
     pub cancel: Option<Arc<AtomicBool>>,
     /// What the output must look like (none: anything).
     pub constraint: Option<Constraint>,
+    /// Control tokens whose text goes into the output (a chat format's tool-call markers such
+    /// as `[TOOL_CALLS]`, which a parser must see); other control tokens are left out.
+    pub shown_specials: Vec<u32>,
 }
 
 /// Why generation ended.

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use onebit_engine::chat_format::{
-    ChatDelta, ChatFormat, OutputParser, ParsedMessage, ReasoningFormat, ToolChoice, ToolFormat,
+    ChatDelta, ChatFormat, OutputParser, ParsedMessage, ReasoningFormat, THINK_CLOSE, ToolChoice, ToolFormat,
 };
 use onebit_engine::Constraint;
 use onebit_tokenizer::Tokenizer;
@@ -147,6 +147,15 @@ impl ToolRequest {
             return Ok(None);
         }
         let opens = format.prompt_opens_thinking(prompt);
+        // A prompt that closes the thinking block (thinking turned off) leaves none to allow.
+        let closed = format.has_thinking() && prompt.trim_end().ends_with(THINK_CLOSE);
+        let unthinking;
+        let format = if closed {
+            unthinking = ChatFormat::new(format.tool_format(), false);
+            &unthinking
+        } else {
+            format
+        };
         format
             .tool_constraint(&self.tools, &self.choice, self.parallel, opens, Some(tok))
             .map_err(|e| ApiError::field("tools", e))
@@ -173,6 +182,13 @@ impl OutputPlan {
             opens_thinking: format.prompt_opens_thinking(prompt),
             tools: req.active(),
         })
+    }
+
+    /// The format's markers that are control tokens of this vocabulary: their text must reach
+    /// the parser, though control tokens are otherwise left out of the output.
+    pub fn shown_specials(&self, tok: &Tokenizer) -> Vec<u32> {
+        let vocab = tok.vocab();
+        self.format.output_markers().into_iter().filter_map(|m| vocab.id(m)).filter(|&id| vocab.is_special(id)).collect()
     }
 
     pub fn parser(&self) -> OutputParser {

@@ -52,6 +52,9 @@ pub async fn chat(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
     let ids = ready.engine.tokenize(&prompt, true)?;
     let id = state.request_id("chatcmpl-");
     let output = OutputPlan::needed(&ready.chat_format, &tools, &prompt);
+    if let Some(plan) = &output {
+        job.request.shown_specials = plan.shown_specials(ready.engine.tokenizer());
+    }
     answer(&state, ready, vec![ids], job, Kind::Chat, output, "chat", id).await
 }
 

@@ -139,6 +139,7 @@ impl GenFields {
             ignore_eos: self.ignore_eos.unwrap_or(false),
             cancel: None,
             constraint: self.constraint()?,
+            shown_specials: Vec::new(),
         };
         Ok(Generation {
             request,

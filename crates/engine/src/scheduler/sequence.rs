@@ -49,6 +49,8 @@ pub(crate) struct Sequence {
     decoder: StreamDecoder,
     max_tokens: Option<usize>,
     ignore_eos: bool,
+    /// Control tokens whose text goes into the output.
+    shown_specials: Vec<u32>,
     pub logprobs: Option<usize>,
     ids: Vec<u32>,
     text: String,
@@ -96,6 +98,7 @@ impl Sequence {
             decoder: StreamDecoder::new(),
             max_tokens: req.max_tokens,
             ignore_eos: req.ignore_eos,
+            shown_specials: req.shown_specials.clone(),
             logprobs: req.logprobs,
             ids: Vec::new(),
             text: String::new(),
@@ -186,7 +189,8 @@ impl Sequence {
         self.sampler.accept(id);
         self.ids.push(id);
         self.tokens.push(id);
-        let step = self.stops.push(&tok.decode_next(&mut self.decoder, id, false));
+        let shown = self.shown_specials.contains(&id);
+        let step = self.stops.push(&tok.decode_next(&mut self.decoder, id, shown));
         self.text.push_str(&step.emit);
         self.send(Event::Token { id, text: step.emit, logprobs });
         if step.stopped {
