@@ -83,7 +83,8 @@ fn every_schema_holds(e: &Arc<Engine>, max_tokens: usize) {
         .collect();
     for ((name, schema), h) in all.iter().zip(handles) {
         let done = h.wait(|_| Flow::Continue).unwrap();
-        assert_eq!(done.finish, FinishReason::Stop, "{name}: unfinished after {} tokens: {}", done.ids.len(), done.text);
+        let head: String = done.text.chars().take(300).collect();
+        assert_eq!(done.finish, FinishReason::Stop, "{name}: unfinished after {} tokens: {head}", done.ids.len());
         let value: Json =
             serde_json::from_str(&done.text).unwrap_or_else(|err| panic!("{name}: not JSON ({err}): {}", done.text));
         let validator = jsonschema::validator_for(schema).unwrap();
@@ -103,13 +104,13 @@ fn every_schema_holds(e: &Arc<Engine>, max_tokens: usize) {
 #[test]
 fn json_schemas_hold_at_temperature_1_on_random_weights() {
     let Some(e) = fixture() else { return };
-    every_schema_holds(&e, 3000);
+    every_schema_holds(&e, 1000);
 }
 
 #[test]
 fn json_schemas_hold_at_temperature_1_on_smollm2() {
     let Some(e) = demo() else { return };
-    every_schema_holds(&e, 3000);
+    every_schema_holds(&e, 1000);
 }
 
 #[test]
