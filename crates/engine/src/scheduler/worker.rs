@@ -289,7 +289,9 @@ impl Worker {
         let mut masking: Masking = Vec::new();
         for &(i, n) in plan {
             let s = &mut running[i];
-            if s.n_computed + n == s.tokens.len() && s.wants_more() && s.constraint.as_ref().is_some_and(|c| c.is_active())
+            if s.n_computed + n == s.tokens.len()
+                && s.wants_more()
+                && s.constraint.as_ref().is_some_and(|c| c.is_active())
             {
                 masking.extend(s.constraint.take().map(|c| (i, c)));
             }
