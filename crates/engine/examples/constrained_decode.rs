@@ -20,7 +20,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let s = Scheduler::start(Arc::clone(&engine), Pool::new(2), config)?;
     let text = "List many short words as a JSON array of strings.";
     let ids = match engine.has_chat_template() {
-        true => engine.tokenize(&engine.chat_prompt(&[onebit_engine::message("user", text)], &Default::default())?, true)?,
+        true => {
+            engine.tokenize(&engine.chat_prompt(&[onebit_engine::message("user", text)], &Default::default())?, true)?
+        }
         false => engine.tokenize(text, false)?,
     };
     // Many items are needed: the answer runs to the token limit either way.

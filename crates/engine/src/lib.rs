@@ -103,9 +103,9 @@ impl Engine {
 
     /// The grammar compiler over this model's vocabulary, built on first use.
     pub fn guidance(&self) -> Result<&constraint::Guidance, EngineError> {
-        let g = self.guidance.get_or_init(|| {
-            constraint::Guidance::new(Arc::clone(&self.tokenizer), self.model.config().vocab_size)
-        });
+        let g = self
+            .guidance
+            .get_or_init(|| constraint::Guidance::new(Arc::clone(&self.tokenizer), self.model.config().vocab_size));
         g.as_ref().map_err(|e| EngineError::Grammar(e.clone()))
     }
 

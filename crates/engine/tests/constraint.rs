@@ -51,7 +51,12 @@ fn schemas() -> Vec<(String, Json)> {
 }
 
 fn constrained(grammar: Grammar, sampling: SamplingParams, max_tokens: usize) -> GenerateRequest {
-    GenerateRequest { sampling, max_tokens: Some(max_tokens), constraint: Some(Constraint::new(grammar)), ..Default::default() }
+    GenerateRequest {
+        sampling,
+        max_tokens: Some(max_tokens),
+        constraint: Some(Constraint::new(grammar)),
+        ..Default::default()
+    }
 }
 
 #[test]
@@ -72,6 +77,7 @@ fn the_schema_set_is_large_and_every_schema_compiles() {
 fn every_schema_holds(e: &Arc<Engine>, max_tokens: usize) {
     let s = start(e, 8);
     let all = schemas();
+    let t = std::time::Instant::now();
     let handles: Vec<_> = all
         .iter()
         .enumerate()
@@ -81,9 +87,11 @@ fn every_schema_holds(e: &Arc<Engine>, max_tokens: usize) {
             s.submit(ids, req).unwrap()
         })
         .collect();
+    eprintln!("{} requests compiled and submitted in {:.2} s", all.len(), t.elapsed().as_secs_f64());
     for ((name, schema), h) in all.iter().zip(handles) {
         let done = h.wait(|_| Flow::Continue).unwrap();
-        assert_eq!(done.finish, FinishReason::Stop, "{name}: unfinished after {} tokens: {}", done.ids.len(), done.text);
+        let head: String = done.text.chars().take(300).collect();
+        assert_eq!(done.finish, FinishReason::Stop, "{name}: unfinished after {} tokens: {head}", done.ids.len());
         let value: Json =
             serde_json::from_str(&done.text).unwrap_or_else(|err| panic!("{name}: not JSON ({err}): {}", done.text));
         let validator = jsonschema::validator_for(schema).unwrap();
@@ -93,7 +101,8 @@ fn every_schema_holds(e: &Arc<Engine>, max_tokens: usize) {
     }
     let st = s.stats().unwrap();
     eprintln!(
-        "{} masks, {:.0} µs each on average; {} steps",
+        "{:.2} s; {} masks, {:.0} µs each on average; {} steps",
+        t.elapsed().as_secs_f64(),
         st.masks,
         st.mask_micros as f64 / st.masks.max(1) as f64,
         st.steps
@@ -103,13 +112,13 @@ fn every_schema_holds(e: &Arc<Engine>, max_tokens: usize) {
 #[test]
 fn json_schemas_hold_at_temperature_1_on_random_weights() {
     let Some(e) = fixture() else { return };
-    every_schema_holds(&e, 3000);
+    every_schema_holds(&e, 1000);
 }
 
 #[test]
 fn json_schemas_hold_at_temperature_1_on_smollm2() {
     let Some(e) = demo() else { return };
-    every_schema_holds(&e, 3000);
+    every_schema_holds(&e, 1000);
 }
 
 #[test]
@@ -195,7 +204,9 @@ fn a_lazy_constraint_starts_at_its_trigger() {
     // rest of that token goes to the grammar, which accepts it.
     let (k, start) = (10..ends.len() - 1)
         .map(|k| (k, ends[k]))
-        .find(|&(k, start)| ends[k + 1] - start >= 3 && text[start + 1..ends[k + 1]].iter().all(u8::is_ascii_alphabetic))
+        .find(|&(k, start)| {
+            ends[k + 1] - start >= 3 && text[start + 1..ends[k + 1]].iter().all(u8::is_ascii_alphabetic)
+        })
         .expect("a word token");
     let trigger = String::from_utf8(text[ends[k - 3]..start + 2].to_vec()).unwrap();
     let c = Constraint { grammar: Grammar::Regex("[a-zA-Z]*[0-9]{2}".into()), trigger: Some(trigger.clone()) };

@@ -49,8 +49,11 @@ struct Draw<'a> {
     seq: usize,
     sequence: &'a mut Sequence,
     logits: &'a [f32],
-    out: Option<Result<(u32, Option<TokenLogprobs>), String>>,
+    out: Option<DrawResult>,
 }
+
+/// A drawn token and its log-probabilities, or why the sequence's grammar allowed none.
+type DrawResult = Result<(u32, Option<TokenLogprobs>), String>;
 
 /// A pool thread's work space for draws: the sampler's candidates, and the masked logits of
 /// a constrained sequence.
@@ -289,7 +292,9 @@ impl Worker {
         let mut masking: Masking = Vec::new();
         for &(i, n) in plan {
             let s = &mut running[i];
-            if s.n_computed + n == s.tokens.len() && s.wants_more() && s.constraint.as_ref().is_some_and(|c| c.is_active())
+            if s.n_computed + n == s.tokens.len()
+                && s.wants_more()
+                && s.constraint.as_ref().is_some_and(|c| c.is_active())
             {
                 masking.extend(s.constraint.take().map(|c| (i, c)));
             }
@@ -354,7 +359,7 @@ impl Worker {
             let w = unsafe { work.get(tid) };
             d.out = Some(d.sequence.draw(d.logits, w));
         });
-        let drawn: Vec<(usize, Result<(u32, Option<TokenLogprobs>), String>)> =
+        let drawn: Vec<(usize, DrawResult)> =
             draws.into_iter().map(|d| (d.seq, d.out.expect("every draw ran"))).collect();
 
         let tok = engine.tokenizer();
@@ -440,7 +445,7 @@ impl Sequence {
     /// The next token from `logits` (only among those its grammar allows, if it has one), and
     /// its log-probabilities if the request asked: those of the masked distribution, so that
     /// a disallowed token never shows up among the likely ones.
-    fn draw(&mut self, logits: &[f32], w: &mut DrawSpace) -> Result<(u32, Option<TokenLogprobs>), String> {
+    fn draw(&mut self, logits: &[f32], w: &mut DrawSpace) -> DrawResult {
         let logits = match self.constraint.as_mut() {
             Some(c) if c.is_active() => match c.mask.take() {
                 Some(Ok(mask)) => {
