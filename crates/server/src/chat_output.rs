@@ -6,10 +6,10 @@
 
 use std::sync::Arc;
 
+use onebit_engine::Constraint;
 use onebit_engine::chat_format::{
     ChatDelta, ChatFormat, OutputParser, ParsedMessage, ReasoningFormat, THINK_CLOSE, ToolChoice, ToolFormat,
 };
-use onebit_engine::Constraint;
 use onebit_tokenizer::Tokenizer;
 use serde::Deserialize;
 use serde_json::{Map, Value as Json, json};
@@ -44,7 +44,12 @@ impl ToolFields {
         let tools = match &self.tools {
             None | Some(Json::Null) => Vec::new(),
             Some(Json::Array(list)) => list.clone(),
-            Some(_) => return Err(ApiError::field("tools", "must be a list of {\"type\": \"function\", \"function\": {...}}")),
+            Some(_) => {
+                return Err(ApiError::field(
+                    "tools",
+                    "must be a list of {\"type\": \"function\", \"function\": {...}}",
+                ));
+            }
         };
         for (i, t) in tools.iter().enumerate() {
             check_tool(t, i)?;
@@ -59,10 +64,10 @@ impl ToolFields {
             }
             Some(c) => ToolChoice::from_json(c).map_err(|e| ApiError::field("tool_choice", e))?,
         };
-        if let ToolChoice::Named(name) = &choice {
-            if !tools.iter().any(|t| t["function"]["name"] == name.as_str()) {
-                return Err(ApiError::field("tool_choice", format!("names '{name}', which is not one of the tools")));
-            }
+        if let ToolChoice::Named(name) = &choice
+            && !tools.iter().any(|t| t["function"]["name"] == name.as_str())
+        {
+            return Err(ApiError::field("tool_choice", format!("names '{name}', which is not one of the tools")));
         }
         if tools.is_empty() && matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
             return Err(ApiError::field("tool_choice", "asks for a tool call, but there are no tools"));
@@ -103,7 +108,8 @@ fn check_tool(t: &Json, i: usize) -> Result<(), ApiError> {
         return Err(ApiError::field(&field(".function"), "must be an object with a \"name\""));
     };
     let name = f.get("name").and_then(Json::as_str).unwrap_or("");
-    let valid = (1..=64).contains(&name.len()) && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    let valid =
+        (1..=64).contains(&name.len()) && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
     if !valid {
         return Err(ApiError::field(&field(".function.name"), "must be 1 to 64 letters, digits, '_' or '-'"));
     }
@@ -142,7 +148,12 @@ impl ToolRequest {
     }
 
     /// The constraint that makes a call parse (lazy under `auto`), for the rendered prompt.
-    pub fn constraint(&self, format: &ChatFormat, prompt: &str, tok: &Tokenizer) -> Result<Option<Constraint>, ApiError> {
+    pub fn constraint(
+        &self,
+        format: &ChatFormat,
+        prompt: &str,
+        tok: &Tokenizer,
+    ) -> Result<Option<Constraint>, ApiError> {
         if !self.active() {
             return Ok(None);
         }
@@ -188,7 +199,12 @@ impl OutputPlan {
     /// the parser, though control tokens are otherwise left out of the output.
     pub fn shown_specials(&self, tok: &Tokenizer) -> Vec<u32> {
         let vocab = tok.vocab();
-        self.format.output_markers().into_iter().filter_map(|m| vocab.id(m)).filter(|&id| vocab.is_special(id)).collect()
+        self.format
+            .output_markers()
+            .into_iter()
+            .filter_map(|m| vocab.id(m))
+            .filter(|&id| vocab.is_special(id))
+            .collect()
     }
 
     pub fn parser(&self) -> OutputParser {
@@ -215,7 +231,9 @@ pub fn message_json(m: &ParsedMessage) -> Json {
         let calls: Vec<Json> = m
             .tool_calls
             .iter()
-            .map(|c| json!({ "id": c.id, "type": "function", "function": { "name": c.name, "arguments": c.arguments } }))
+            .map(
+                |c| json!({ "id": c.id, "type": "function", "function": { "name": c.name, "arguments": c.arguments } }),
+            )
             .collect();
         msg["tool_calls"] = Json::Array(calls);
     }
@@ -246,10 +264,10 @@ pub fn finish_with(calls: bool, finish: &'static str) -> &'static str {
 pub fn parse_call_arguments(message: &mut Map<String, Json>) {
     let Some(Json::Array(calls)) = message.get_mut("tool_calls") else { return };
     for call in calls {
-        if let Some(args) = call.get_mut("function").and_then(|f| f.get_mut("arguments")) {
-            if let Some(parsed) = args.as_str().and_then(|s| serde_json::from_str::<Json>(s).ok()) {
-                *args = parsed;
-            }
+        if let Some(args) = call.get_mut("function").and_then(|f| f.get_mut("arguments"))
+            && let Some(parsed) = args.as_str().and_then(|s| serde_json::from_str::<Json>(s).ok())
+        {
+            *args = parsed;
         }
     }
 }

@@ -14,7 +14,7 @@ use serde_json::{Map, Value as Json};
 
 use crate::chat_output::{OutputPlan, ToolFields};
 use crate::error::ApiError;
-use crate::generate::{Running, unix_now};
+use crate::generate::Running;
 use crate::params::{GenFields, Generation, LogprobsStyle, normalize_messages, parse_json};
 use crate::shapes::{Kind, Shape};
 use crate::state::{AppState, Ready};
@@ -50,12 +50,12 @@ pub async fn chat(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
         job.request.constraint = Some(c);
     }
     let ids = ready.engine.tokenize(&prompt, true)?;
-    let id = state.request_id("chatcmpl-");
     let output = OutputPlan::needed(&ready.chat_format, &tools, &prompt);
     if let Some(plan) = &output {
         job.request.shown_specials = plan.shown_specials(ready.engine.tokenizer());
     }
-    answer(&state, ready, vec![ids], job, Kind::Chat, output, "chat", id).await
+    let shape = Shape::new(Kind::Chat, state.request_id("chatcmpl-"), ready, &job, output);
+    answer(&state, ready, vec![ids], job, shape, "chat").await
 }
 
 pub async fn text(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
@@ -65,8 +65,8 @@ pub async fn text(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
     let vocab = ready.engine.model().config().vocab_size;
     let job = gen_fields.generation(LogprobsStyle::Legacy, vocab)?;
     let prompts = prompts(ready, &fields.prompt)?;
-    let id = state.request_id("cmpl-");
-    answer(&state, ready, prompts, job, Kind::Text, None, "completions", id).await
+    let shape = Shape::new(Kind::Text, state.request_id("cmpl-"), ready, &job, None);
+    answer(&state, ready, prompts, job, shape, "completions").await
 }
 
 async fn answer(
@@ -74,14 +74,10 @@ async fn answer(
     ready: &Ready,
     prompts: Vec<Vec<u32>>,
     job: Generation,
-    kind: Kind,
-    output: Option<OutputPlan>,
+    shape: Shape,
     endpoint: &'static str,
-    id: String,
 ) -> Result<Response, ApiError> {
-    let model = ready.model_id.clone();
-    let shape = Shape { kind, id: id.clone(), model, created: unix_now(), logprobs: job.logprobs, output };
-    let running = Running::submit(state, ready, prompts, &job, endpoint, id)?;
+    let running = Running::submit(state, ready, prompts, &job, endpoint, shape.id.clone())?;
     if job.stream {
         return Ok(stream::respond(running, shape, job.include_usage));
     }

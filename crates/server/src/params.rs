@@ -284,10 +284,9 @@ fn response_format(v: Option<&Json>) -> Result<Option<Grammar>, ApiError> {
                 None => Err(ApiError::field("response_format.json_schema", "needs a \"schema\"")),
             }
         }
-        Some(other) => Err(ApiError::field(
-            field,
-            format!("type must be text, json_object or json_schema, not '{other}'"),
-        )),
+        Some(other) => {
+            Err(ApiError::field(field, format!("type must be text, json_object or json_schema, not '{other}'")))
+        }
         None => Err(ApiError::field(field, "needs a \"type\"")),
     }
 }

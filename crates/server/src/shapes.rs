@@ -7,6 +7,8 @@ use serde_json::{Value as Json, json};
 
 use crate::chat_output::{self, OutputPlan};
 use crate::generate::finish_reason;
+use crate::params::Generation;
+use crate::state::Ready;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -29,6 +31,11 @@ pub struct Shape {
 pub const FINGERPRINT: &str = concat!("onebit-", env!("CARGO_PKG_VERSION"));
 
 impl Shape {
+    pub fn new(kind: Kind, id: String, ready: &Ready, job: &Generation, output: Option<OutputPlan>) -> Shape {
+        let created = crate::generate::unix_now();
+        Shape { kind, id, model: ready.model_id.clone(), created, logprobs: job.logprobs, output }
+    }
+
     /// The whole answer (not streamed).
     pub fn response(
         &self,

@@ -160,7 +160,9 @@ async fn a_named_tool_is_the_one_called() {
     let calls = b["choices"][0]["message"]["tool_calls"].as_array().expect("tool_calls").clone();
     assert!(calls.iter().all(|c| c["function"]["name"] == "get_time"), "{b}");
     // Unknown names and malformed tools are 400s.
-    let (st, b) = s.post("/v1/chat/completions", &tool_request(json!({"type": "function", "function": {"name": "nope"}}), 1)).await;
+    let (st, b) = s
+        .post("/v1/chat/completions", &tool_request(json!({"type": "function", "function": {"name": "nope"}}), 1))
+        .await;
     assert_eq!(st, 400, "{b}");
     let mut bad = tool_request(json!("auto"), 1);
     bad["tools"][0]["function"]["name"] = json!("has spaces");
@@ -178,10 +180,10 @@ async fn a_tool_result_goes_back_through_the_template() {
     let call = &msg["tool_calls"][0];
     let mut req = tool_request(json!("none"), 5);
     req["max_tokens"] = json!(8);
-    req["messages"].as_array_mut().unwrap().extend([
-        msg.clone(),
-        json!({"role": "tool", "tool_call_id": call["id"], "content": "{\"temperature\": 21}"}),
-    ]);
+    req["messages"]
+        .as_array_mut()
+        .unwrap()
+        .extend([msg.clone(), json!({"role": "tool", "tool_call_id": call["id"], "content": "{\"temperature\": 21}"})]);
     let (st, b) = s.post("/v1/chat/completions", &req).await;
     assert_eq!(st, 200, "{b}");
     assert!(b["choices"][0]["message"]["tool_calls"].is_null(), "tool_choice none: {b}");
