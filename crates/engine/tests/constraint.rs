@@ -131,7 +131,8 @@ fn an_invalid_grammar_fails_at_submission_and_queues_nothing() {
         Grammar::JsonSchema(serde_json::json!(42)),
         Grammar::Regex("(unclosed".into()),
         Grammar::Lark("start: (".into()),
-        Grammar::Gbnf("root ::= \"x\"".into()),
+        Grammar::Gbnf("root ::= undefined-rule".into()),
+        Grammar::Gbnf("start ::= \"x\"".into()),
     ];
     for g in bad {
         let c = Constraint::new(g.clone());
@@ -142,6 +143,22 @@ fn an_invalid_grammar_fails_at_submission_and_queues_nothing() {
     }
     let st = s.stats().unwrap();
     assert_eq!((st.running, st.waiting, st.steps), (0, 0, 0));
+}
+
+#[test]
+fn a_gbnf_grammar_holds() {
+    let Some(e) = fixture() else { return };
+    let s = start(&e, 1);
+    let g = Grammar::Gbnf("root ::= answer \".\"\nanswer ::= (\"yes\" | \"no\") (\", \" [a-z]{2,5})?\n".into());
+    for seed in 0..4 {
+        let done =
+            s.submit(prompt(&e, "Well?"), constrained(g.clone(), temp1(seed), 32)).unwrap().wait(|_| Flow::Continue);
+        let text = done.unwrap().text;
+        let (word, rest) =
+            text.strip_suffix('.').and_then(|t| Some(t.split_at(t.find([',']).unwrap_or(t.len())))).unwrap();
+        assert!(word == "yes" || word == "no", "{text:?}");
+        assert!(rest.is_empty() || (rest.starts_with(", ") && (4..=7).contains(&rest.len())), "{text:?}");
+    }
 }
 
 #[test]
