@@ -154,8 +154,7 @@ fn a_gbnf_grammar_holds() {
         let done =
             s.submit(prompt(&e, "Well?"), constrained(g.clone(), temp1(seed), 32)).unwrap().wait(|_| Flow::Continue);
         let text = done.unwrap().text;
-        let (word, rest) =
-            text.strip_suffix('.').and_then(|t| Some(t.split_at(t.find([',']).unwrap_or(t.len())))).unwrap();
+        let (word, rest) = text.strip_suffix('.').map(|t| t.split_at(t.find([',']).unwrap_or(t.len()))).unwrap();
         assert!(word == "yes" || word == "no", "{text:?}");
         assert!(rest.is_empty() || (rest.starts_with(", ") && (4..=7).contains(&rest.len())), "{text:?}");
     }
