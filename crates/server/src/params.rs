@@ -188,12 +188,7 @@ impl GenFields {
             Some(_) => return Err(ApiError::field("json_schema", "must be a JSON schema object")),
         }
         if let Some(g) = self.grammar.as_deref().filter(|g| !g.trim().is_empty()) {
-            let grammar = if g.trim_start().starts_with("%llguidance") {
-                Grammar::Lark(g.to_string())
-            } else {
-                Grammar::Gbnf(g.to_string())
-            };
-            found.push(("grammar", grammar));
+            found.push(("grammar", Grammar::from_source(g.to_string())));
         }
         match found.len() {
             0 => Ok(None),

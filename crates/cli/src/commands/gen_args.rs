@@ -106,8 +106,7 @@ impl GenArgs {
                 .with_context(|| format!("--json-schema: {} is not JSON", p.display()))?;
             Grammar::JsonSchema(schema)
         } else if let Some(p) = &self.grammar {
-            let src = read(p, "--grammar")?;
-            if src.trim_start().starts_with("%llguidance") { Grammar::Lark(src) } else { Grammar::Gbnf(src) }
+            Grammar::from_source(read(p, "--grammar")?)
         } else if self.json_object {
             Grammar::JsonObject
         } else {

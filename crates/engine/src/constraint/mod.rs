@@ -19,6 +19,14 @@ pub enum Grammar {
     Gbnf(String),
 }
 
+impl Grammar {
+    /// A grammar as users write one (llama.cpp's `grammar` field and `--grammar-file`): GBNF,
+    /// or llguidance's Lark when it starts with `%llguidance`.
+    pub fn from_source(src: String) -> Grammar {
+        if src.trim_start().starts_with("%llguidance") { Grammar::Lark(src) } else { Grammar::Gbnf(src) }
+    }
+}
+
 /// A request's constraint.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Constraint {
