@@ -33,6 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let t = std::time::Instant::now();
     engine.check_constraint(&Constraint::new(Grammar::JsonSchema(schema.clone())))?;
     println!("grammar compiler ready (trie and first compilation) in {:.2} s", t.elapsed().as_secs_f64());
+    let mut rates: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     for rep in 0..reps {
         for constrained in [false, true] {
             let before = s.stats()?;
@@ -44,6 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ..Default::default()
             };
             let done = s.submit(ids.clone(), req)?.wait(|_| Flow::Continue)?;
+            rates[constrained as usize].push(done.decode_rate());
             let after = s.stats()?;
             let masks = after.masks - before.masks;
             let per_mask = (after.mask_micros - before.mask_micros) as f64 / masks.max(1) as f64;
@@ -58,5 +60,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
     }
+    // The machine's speed drifts (shared hosts): medians of alternating runs, and the median
+    // of each pair's ratio.
+    let ratios: Vec<f64> = rates[1].iter().zip(&rates[0]).map(|(c, f)| c / f).collect();
+    println!(
+        "median: free {:.2} tok/s, json-schema {:.2} tok/s; median pair ratio {:.3} ({:+.1} %)",
+        median(&rates[0]),
+        median(&rates[1]),
+        median(&ratios),
+        (median(&ratios) - 1.0) * 100.0
+    );
     Ok(())
+}
+
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }

@@ -30,6 +30,7 @@ mod error;
 mod request;
 pub mod sampling;
 pub mod scheduler;
+pub mod speculative;
 pub mod stop;
 
 use std::sync::{Arc, OnceLock};
@@ -43,6 +44,7 @@ pub use error::{EngineError, ParamError};
 pub use request::{Completion, Event, EventSink, FinishReason, Flow, GenerateRequest, RequestHandle, Timings, Usage};
 pub use sampling::{Sampler, SamplingParams, TokenLogprobs};
 pub use scheduler::{BlockCounts, Scheduler, SchedulerConfig, SchedulerStats, SequenceInfo, Submitted};
+pub use speculative::{SpecMode, SpecOverride, Speculation};
 
 /// A chat message for [`Engine::chat_prompt`].
 pub fn message(role: &str, content: &str) -> Json {

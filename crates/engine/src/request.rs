@@ -11,6 +11,7 @@ use serde::Serialize;
 use crate::EngineError;
 use crate::constraint::Constraint;
 use crate::sampling::{SamplingParams, TokenLogprobs};
+use crate::speculative::SpecOverride;
 
 /// What to generate.
 #[derive(Clone, Debug, Default)]
@@ -31,6 +32,8 @@ pub struct GenerateRequest {
     /// Control tokens whose text goes into the output (a chat format's tool-call markers such
     /// as `[TOOL_CALLS]`, which a parser must see); other control tokens are left out.
     pub shown_specials: Vec<u32>,
+    /// Speculative decoding choices of this request (what it leaves out: the scheduler's).
+    pub speculative: SpecOverride,
 }
 
 /// Why generation ended.
@@ -112,6 +115,9 @@ pub struct Completion {
     pub usage: Usage,
     pub timings: Timings,
     pub seed: u64,
+    /// Tokens drafted by speculative decoding, and how many of them were kept.
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 impl Completion {
@@ -123,6 +129,13 @@ impl Completion {
     /// Generated tokens per second.
     pub fn decode_rate(&self) -> f64 {
         rate(self.usage.completion_tokens, self.timings.decode)
+    }
+}
+
+impl Completion {
+    /// The share of drafted tokens that were kept (none: nothing was drafted).
+    pub fn acceptance_rate(&self) -> Option<f64> {
+        (self.drafted > 0).then(|| self.accepted as f64 / self.drafted as f64)
     }
 }
 

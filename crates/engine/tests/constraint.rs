@@ -26,7 +26,8 @@ fn demo() -> Option<Arc<Engine>> {
 }
 
 fn start(e: &Arc<Engine>, parallel: usize) -> Scheduler {
-    let config = SchedulerConfig { parallel, batch_size: 512, queue_size: 256, ctx_size: 4096, kv_size: 0 };
+    let config =
+        SchedulerConfig { parallel, batch_size: 512, queue_size: 256, ctx_size: 4096, ..SchedulerConfig::default() };
     Scheduler::start(Arc::clone(e), Pool::new(2), config).unwrap()
 }
 

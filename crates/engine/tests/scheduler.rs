@@ -25,7 +25,7 @@ fn start(e: &Arc<Engine>, config: SchedulerConfig) -> Scheduler {
 }
 
 fn config(parallel: usize, batch_size: usize, ctx_size: usize) -> SchedulerConfig {
-    SchedulerConfig { parallel, batch_size, ctx_size, queue_size: 256, kv_size: 0 }
+    SchedulerConfig { parallel, batch_size, ctx_size, queue_size: 256, ..SchedulerConfig::default() }
 }
 
 /// `n` greedy tokens past any end-of-text.

@@ -1,11 +1,20 @@
-//! A lean thread pool for the forward pass: one job at a time, run by every thread at once.
+//! A lean thread pool for the forward pass: one job at a time, shared by whichever threads are
+//! free, and one side task that a worker runs beside the jobs.
 //!
 //! A token of an 8B model is ~250 matrix products, so the handoff between them must cost
 //! microseconds, not the tens of microseconds a general task scheduler spends. Here the caller
 //! publishes a job (a borrowed closure) by bumping a generation counter; workers that are
 //! spinning see it at once, workers that were parked are woken; the caller runs its own share
-//! and spins until the others finish. Nothing is allocated per job. Workers spin only briefly
-//! after a job and then sleep on a condition variable, so an idle pool costs nothing.
+//! and then closes the job and waits for the workers that joined it. Every job hands out its
+//! work dynamically (`for_chunks`), so a worker that is late, parked or busy with the side task
+//! costs nothing: the threads present do its share. Nothing is allocated per job. Workers spin
+//! only briefly after a job and then sleep on a condition variable, so an idle pool costs
+//! nothing.
+//!
+//! The side task ([`Pool::beside`]) exists for work that must overlap the forward pass without
+//! a thread of its own: a grammar mask on a two-core machine. A third thread would take a core
+//! from a pool thread in the middle of a job, and every job would wait for it; a pool worker
+//! that leaves the jobs to the others for a while costs only its share.
 
 use std::cell::UnsafeCell;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
@@ -18,23 +27,45 @@ use std::time::{Duration, Instant};
 const SPIN: Duration = Duration::from_micros(300);
 
 type Job = dyn Fn(usize) + Sync;
+type Side = dyn FnMut() + Send;
+type Panic = Box<dyn std::any::Any + Send>;
+
+/// The job state word: the job's generation, whether it is closed to newcomers, and how many
+/// workers are inside it. One word, so that joining checks all three at once.
+const COUNT_MASK: u64 = 0xffff;
+const CLOSED: u64 = 1 << 16;
+const GEN_SHIFT: u32 = 17;
+
+fn generation(state: u64) -> u64 {
+    state >> GEN_SHIFT
+}
+
+/// The side task's pointer, erased to `'static` while [`Pool::beside`] keeps it alive.
+struct SidePtr(*mut Side);
+// SAFETY: the pointee is `Send` (the `Side` bound), and the pointer moves to one thread only.
+unsafe impl Send for SidePtr {}
 
 struct Shared {
-    /// The current job, valid while `remaining > 0` for the generation it was published with.
+    /// The current job, valid while some worker counted in `state` runs it.
     job: UnsafeCell<Option<*const Job>>,
-    generation: AtomicU64,
-    remaining: AtomicUsize,
+    state: AtomicU64,
     sleepers: AtomicUsize,
     lock: Mutex<()>,
     wake: Condvar,
     shutdown: AtomicBool,
-    panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
+    panic: Mutex<Option<Panic>>,
     busy: AtomicBool,
+    /// The side task on offer (taken by the first free worker, or by the caller at the end).
+    side: Mutex<Option<SidePtr>>,
+    side_offered: AtomicBool,
+    side_done: AtomicBool,
+    side_panic: Mutex<Option<Panic>>,
 }
 
-// SAFETY: `job` is written only by the publishing thread while no worker reads it (all workers
-// have finished the previous generation), and read by workers only between a generation bump
-// (Release/Acquire on `generation`) and their decrement of `remaining`.
+// SAFETY: `job` is written only by the publishing thread while no worker is inside a job (the
+// previous one is closed and its count is zero), and read by a worker only after it joined the
+// open job of the current generation (a successful compare-exchange on `state`, Acquire) and
+// before it leaves (Release decrement), while the publisher waits.
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
 
@@ -51,14 +82,17 @@ impl Pool {
         let n_threads = n_threads.max(1);
         let shared = Arc::new(Shared {
             job: UnsafeCell::new(None),
-            generation: AtomicU64::new(0),
-            remaining: AtomicUsize::new(0),
+            state: AtomicU64::new(CLOSED),
             sleepers: AtomicUsize::new(0),
             lock: Mutex::new(()),
             wake: Condvar::new(),
             shutdown: AtomicBool::new(false),
             panic: Mutex::new(None),
             busy: AtomicBool::new(false),
+            side: Mutex::new(None),
+            side_offered: AtomicBool::new(false),
+            side_done: AtomicBool::new(false),
+            side_panic: Mutex::new(None),
         });
         let workers = (1..n_threads)
             .map(|tid| {
@@ -81,8 +115,10 @@ impl Pool {
         self.n_threads
     }
 
-    /// Run `f(thread_index)` on every thread of the pool and return when all have finished.
-    /// A panic in any thread is re-raised here.
+    /// Run `f(thread_index)` on the caller and on every worker that is free to join before the
+    /// caller's own call returns; return when all of them have finished. Each thread index runs
+    /// at most once, the caller's (0) always; a job must not count on the others (hand out work
+    /// dynamically, as [`Pool::for_chunks`] does). A panic in any thread is re-raised here.
     pub fn run(&self, f: &(dyn Fn(usize) + Sync)) {
         if self.n_threads == 1 {
             f(0);
@@ -90,21 +126,23 @@ impl Pool {
         }
         let s = &*self.shared;
         assert!(!s.busy.swap(true, Ordering::Acquire), "Pool::run is not reentrant");
-        // SAFETY: no worker is running a job (the previous `run` waited for all of them), so
-        // nobody reads `job` now. The lifetime is erased only until this call returns, and
-        // this call does not return before every worker has stopped using the pointer.
+        // SAFETY: no worker is inside a job (the previous `run` closed its job and waited for
+        // its count to reach zero), so nobody reads `job` now. The lifetime is erased only until
+        // this call returns, and this call does not return before every worker that joined has
+        // left.
         unsafe {
             let erased: *const Job = std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const Job>(f);
             *s.job.get() = Some(erased);
         }
-        s.remaining.store(self.n_threads - 1, Ordering::Relaxed);
-        s.generation.fetch_add(1, Ordering::SeqCst);
+        let next = generation(s.state.load(Ordering::Relaxed)) + 1;
+        s.state.store(next << GEN_SHIFT, Ordering::SeqCst);
         if s.sleepers.load(Ordering::SeqCst) > 0 {
             let _guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
         let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
-        while s.remaining.load(Ordering::Acquire) != 0 {
+        s.state.fetch_or(CLOSED, Ordering::AcqRel);
+        while s.state.load(Ordering::Acquire) & COUNT_MASK != 0 {
             std::hint::spin_loop();
         }
         s.busy.store(false, Ordering::Release);
@@ -114,6 +152,62 @@ impl Pool {
         if let Some(p) = s.panic.lock().unwrap_or_else(|e| e.into_inner()).take() {
             resume_unwind(p);
         }
+    }
+
+    /// Run `main` on the caller (its jobs shared by the pool as usual) and `side` on a worker
+    /// beside it, which leaves the jobs to the other threads until `side` is done; returns
+    /// both results. With one thread, or when no worker picked `side` up by the time `main`
+    /// returned, the caller runs `side` itself afterwards. `side` must not use the pool.
+    pub fn beside<A: Send, R>(&self, side: impl FnOnce() -> A + Send, main: impl FnOnce() -> R) -> (A, R) {
+        let mut side = Some(side);
+        let mut out = None;
+        let mut call = || {
+            if let Some(f) = side.take() {
+                out = Some(f());
+            }
+        };
+        if self.n_threads == 1 {
+            let r = main();
+            call();
+            return (out.expect("the side task ran"), r);
+        }
+        let s = &*self.shared;
+        // SAFETY: the lifetime is erased only until this call returns, and it returns (or
+        // unwinds) only after the side task is taken back unrun or has finished (`side_done`).
+        let erased: *mut Side = unsafe { std::mem::transmute::<*mut (dyn FnMut() + Send + '_), *mut Side>(&mut call) };
+        {
+            let mut slot = s.side.lock().unwrap_or_else(|e| e.into_inner());
+            *slot = Some(SidePtr(erased));
+            s.side_offered.store(true, Ordering::SeqCst);
+        }
+        if s.sleepers.load(Ordering::SeqCst) > 0 {
+            let _guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.wake.notify_all();
+        }
+        let r = catch_unwind(AssertUnwindSafe(main));
+        let unclaimed = take_side(s);
+        if unclaimed.is_some() {
+            // SAFETY: taken back from the slot, so no worker has the pointer; `call` is alive.
+            let ran = catch_unwind(AssertUnwindSafe(|| unsafe { (*erased)() }));
+            if let Err(p) = ran {
+                *s.side_panic.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+            }
+        } else {
+            let start = Instant::now();
+            while !s.side_done.load(Ordering::Acquire) {
+                if start.elapsed() > SPIN {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+            s.side_done.store(false, Ordering::Relaxed);
+        }
+        if let Some(p) = s.side_panic.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            resume_unwind(p);
+        }
+        let r = r.unwrap_or_else(|p| resume_unwind(p));
+        (out.expect("the side task ran"), r)
     }
 
     /// Split `0..n` into chunks of `chunk` and hand them out dynamically: `f(tid, range)`.
@@ -158,7 +252,6 @@ impl Pool {
 impl Drop for Pool {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, Ordering::SeqCst);
-        self.shared.generation.fetch_add(1, Ordering::SeqCst);
         {
             let _guard = self.shared.lock.lock().unwrap_or_else(|e| e.into_inner());
             self.shared.wake.notify_all();
@@ -204,32 +297,84 @@ impl<T> PerThread<T> {
     }
 }
 
+/// Take the offered side task, if it is still on offer.
+fn take_side(s: &Shared) -> Option<SidePtr> {
+    let mut slot = s.side.lock().unwrap_or_else(|e| e.into_inner());
+    s.side_offered.store(false, Ordering::SeqCst);
+    slot.take()
+}
+
+/// What woke a waiting worker.
+enum Wake {
+    Job(u64),
+    Side,
+    Shutdown,
+}
+
 fn worker(s: &Shared, tid: usize) {
     let mut seen = 0u64;
     loop {
-        let generation = wait_for_job(s, seen);
-        seen = generation;
-        if s.shutdown.load(Ordering::Acquire) {
-            return;
+        match wait_for_work(s, seen) {
+            Wake::Shutdown => return,
+            Wake::Side => run_side(s),
+            Wake::Job(state) => {
+                seen = generation(state);
+                if join(s, state) {
+                    // SAFETY: joined the open job of this generation (Acquire), whose publisher
+                    // stored the closure before opening it and keeps it alive until we leave.
+                    let job = unsafe { (*s.job.get()).expect("a published job") };
+                    if let Err(p) = catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(tid) })) {
+                        *s.panic.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+                    }
+                    s.state.fetch_sub(1, Ordering::Release);
+                }
+            }
         }
-        // SAFETY: the generation bump (Acquire above) happened after the job was stored, and
-        // the publisher keeps the closure alive until `remaining` reaches zero.
-        let job = unsafe { (*s.job.get()).expect("a published job") };
-        if let Err(p) = catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(tid) })) {
-            *s.panic.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
-        }
-        s.remaining.fetch_sub(1, Ordering::Release);
     }
 }
 
-/// Spin briefly for a generation newer than `seen`, then sleep until one arrives.
-fn wait_for_job(s: &Shared, seen: u64) -> u64 {
+/// Count this worker into the job of `state`'s generation, unless it is closed or gone.
+fn join(s: &Shared, mut state: u64) -> bool {
+    let g = generation(state);
+    loop {
+        if generation(state) != g || state & CLOSED != 0 {
+            return false;
+        }
+        match s.state.compare_exchange_weak(state, state + 1, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return true,
+            Err(now) => state = now,
+        }
+    }
+}
+
+fn run_side(s: &Shared) {
+    let Some(side) = take_side(s) else { return };
+    // SAFETY: `Pool::beside` keeps the closure alive until `side_done`, and nobody else has the
+    // pointer (it was taken from the slot).
+    if let Err(p) = catch_unwind(AssertUnwindSafe(|| unsafe { (*side.0)() })) {
+        *s.side_panic.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+    }
+    s.side_done.store(true, Ordering::Release);
+}
+
+/// Spin briefly for work (a generation newer than `seen`, or a side task), then sleep until
+/// some arrives.
+fn wait_for_work(s: &Shared, seen: u64) -> Wake {
+    let ready = || {
+        if s.shutdown.load(Ordering::Acquire) {
+            return Some(Wake::Shutdown);
+        }
+        if s.side_offered.load(Ordering::SeqCst) {
+            return Some(Wake::Side);
+        }
+        let state = s.state.load(Ordering::SeqCst);
+        (generation(state) != seen && state & CLOSED == 0).then_some(Wake::Job(state))
+    };
     let start = Instant::now();
     let mut spins = 0u32;
     loop {
-        let g = s.generation.load(Ordering::Acquire);
-        if g != seen {
-            return g;
+        if let Some(w) = ready() {
+            return w;
         }
         spins += 1;
         if spins.is_multiple_of(64) && start.elapsed() > SPIN {
@@ -240,10 +385,9 @@ fn wait_for_job(s: &Shared, seen: u64) -> u64 {
     let mut guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
     s.sleepers.fetch_add(1, Ordering::SeqCst);
     loop {
-        let g = s.generation.load(Ordering::SeqCst);
-        if g != seen {
+        if let Some(w) = ready() {
             s.sleepers.fetch_sub(1, Ordering::SeqCst);
-            return g;
+            return w;
         }
         guard = s.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
     }
@@ -254,15 +398,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_thread_runs_every_job() {
+    fn the_caller_runs_every_job_and_no_thread_twice() {
         let pool = Pool::new(3);
-        let hits = AtomicUsize::new(0);
         for _ in 0..1000 {
-            pool.run(&|_| {
-                hits.fetch_add(1, Ordering::Relaxed);
+            let hits: Vec<AtomicUsize> = (0..3).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(&|tid| {
+                hits[tid].fetch_add(1, Ordering::Relaxed);
             });
+            assert_eq!(hits[0].load(Ordering::Relaxed), 1);
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) <= 1));
         }
-        assert_eq!(hits.load(Ordering::Relaxed), 3000);
     }
 
     #[test]
@@ -286,25 +431,94 @@ mod tests {
         pool.for_each_mut(&mut Vec::<u8>::new(), &|_, _| unreachable!());
     }
 
+    /// Run a job in which the caller waits (up to 5 s) until a worker has joined and run `f`.
+    fn with_a_worker(pool: &Pool, f: &(dyn Fn(usize) + Sync)) -> bool {
+        let joined = AtomicBool::new(false);
+        pool.run(&|tid| {
+            if tid == 0 {
+                let t = Instant::now();
+                while !joined.load(Ordering::Acquire) && t.elapsed() < Duration::from_secs(5) {
+                    std::hint::spin_loop();
+                }
+            } else {
+                joined.store(true, Ordering::Release);
+                f(tid);
+            }
+        });
+        joined.load(Ordering::Acquire)
+    }
+
     #[test]
     fn sleeping_workers_wake_up() {
         let pool = Pool::new(2);
-        let hits = AtomicUsize::new(0);
-        pool.run(&|_| {
-            hits.fetch_add(1, Ordering::Relaxed);
-        });
+        assert!(with_a_worker(&pool, &|_| {}));
         std::thread::sleep(Duration::from_millis(20));
-        pool.run(&|_| {
-            hits.fetch_add(1, Ordering::Relaxed);
-        });
-        assert_eq!(hits.load(Ordering::Relaxed), 4);
+        assert!(with_a_worker(&pool, &|_| {}));
     }
 
     #[test]
     fn a_worker_panic_reaches_the_caller() {
         let pool = Pool::new(2);
-        let r = catch_unwind(AssertUnwindSafe(|| pool.run(&|tid| assert_ne!(tid, 1, "boom"))));
+        let r = catch_unwind(AssertUnwindSafe(|| with_a_worker(&pool, &|tid| assert_ne!(tid, 1, "boom"))));
         assert!(r.is_err());
         pool.run(&|_| {});
+    }
+
+    #[test]
+    fn a_side_task_runs_beside_the_jobs() {
+        for threads in [1, 2, 3] {
+            let pool = Pool::new(threads);
+            for round in 0..200 {
+                let data: Vec<u64> = (0..round).collect();
+                let (sum, covered) = pool.beside(
+                    || data.iter().sum::<u64>(),
+                    || {
+                        let seen: Vec<AtomicUsize> = (0..517).map(|_| AtomicUsize::new(0)).collect();
+                        for _ in 0..5 {
+                            pool.for_chunks(517, 3, &|_, r| {
+                                r.for_each(|i| _ = seen[i].fetch_add(1, Ordering::Relaxed))
+                            });
+                        }
+                        seen.iter().all(|c| c.load(Ordering::Relaxed) == 5)
+                    },
+                );
+                assert_eq!(sum, (0..round).sum::<u64>());
+                assert!(covered);
+            }
+        }
+    }
+
+    #[test]
+    fn jobs_go_on_while_a_worker_is_away() {
+        // The only worker is busy with the side task until the caller's jobs are done.
+        let pool = Pool::new(2);
+        let released = AtomicBool::new(false);
+        let (took, jobs) = pool.beside(
+            || {
+                let t = Instant::now();
+                while !released.load(Ordering::Acquire) {
+                    std::hint::spin_loop();
+                }
+                t.elapsed()
+            },
+            || {
+                let n = AtomicUsize::new(0);
+                for _ in 0..100 {
+                    pool.for_chunks(10, 1, &|_, _| _ = n.fetch_add(1, Ordering::Relaxed));
+                }
+                released.store(true, Ordering::Release);
+                n.load(Ordering::Relaxed)
+            },
+        );
+        assert_eq!(jobs, 1000);
+        assert!(took > Duration::ZERO);
+    }
+
+    #[test]
+    fn a_side_task_panic_reaches_the_caller() {
+        let pool = Pool::new(2);
+        let r = catch_unwind(AssertUnwindSafe(|| pool.beside(|| panic!("boom"), || 1)));
+        assert!(r.is_err());
+        assert_eq!(pool.beside(|| 2, || 3), (2, 3));
     }
 }

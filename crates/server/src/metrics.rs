@@ -129,6 +129,13 @@ impl Metrics {
             self.gauge("llamacpp:requests_processing", "Number of requests processing.", s.running as f64);
             self.gauge("llamacpp:requests_deferred", "Number of requests deferred.", s.waiting as f64);
             self.counter("onebit:preemptions_total", "Sequences put back in the queue to free memory.", s.preemptions);
+            self.counter("llamacpp:spec_decode_draft_tokens_total", "Drafted tokens verified.", s.drafted);
+            self.counter("llamacpp:spec_decode_accepted_tokens_total", "Drafted tokens kept.", s.accepted);
+            self.gauge(
+                "llamacpp:spec_decode_acceptance_rate",
+                "Share of drafted tokens kept.",
+                ratio(s.accepted as f64, s.drafted as f64),
+            );
         }
         self.handle.render()
     }

@@ -4,7 +4,7 @@
 //! fields are ignored, as OpenAI clients send many.
 
 use axum::http::{HeaderMap, header};
-use onebit_engine::{Constraint, GenerateRequest, Grammar, SamplingParams};
+use onebit_engine::{Constraint, GenerateRequest, Grammar, SamplingParams, SpecOverride};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value as Json};
@@ -39,6 +39,9 @@ pub fn parse_json<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Resu
     de.end().map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
     Ok(value)
 }
+
+/// Drafted tokens a request may ask for per step, at most.
+const MAX_DRAFT: i64 = 64;
 
 /// The generation fields shared by chat and text completions (OpenAI's names, and
 /// llama-server's where OpenAI has none).
@@ -76,6 +79,16 @@ pub struct GenFields {
     /// Not served: refused rather than ignored, since a client relying on it would get output
     /// it cannot use.
     pub echo: Option<bool>,
+    /// Speculative decoding for this request: `{"mode": "lookup" | "off", "n_max": N, "n_min": N}`.
+    pub speculative: Option<Json>,
+    /// llama-server's flat names for the draft bounds (`p_min` is taken and has no effect: it
+    /// applies to a draft model's probabilities, and lookup drafts have none).
+    #[serde(rename = "speculative.n_max")]
+    pub speculative_n_max: Option<i64>,
+    #[serde(rename = "speculative.n_min")]
+    pub speculative_n_min: Option<i64>,
+    #[serde(rename = "speculative.p_min")]
+    pub speculative_p_min: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -140,6 +153,7 @@ impl GenFields {
             cancel: None,
             constraint: self.constraint()?,
             shown_specials: Vec::new(),
+            speculative: self.speculative()?,
         };
         Ok(Generation {
             request,
@@ -172,6 +186,43 @@ impl GenFields {
             return Err(ApiError::field("echo", "echoing the prompt is not supported"));
         }
         Ok(())
+    }
+
+    /// The request's speculative decoding choices (see [`GenFields::speculative`]).
+    fn speculative(&self) -> Result<SpecOverride, ApiError> {
+        let count = |field: &str, v: Option<i64>| -> Result<Option<usize>, ApiError> {
+            match v {
+                None => Ok(None),
+                Some(n) if (0..=MAX_DRAFT).contains(&n) => Ok(Some(n as usize)),
+                Some(n) => Err(ApiError::field(field, format!("must be between 0 and {MAX_DRAFT}, not {n}"))),
+            }
+        };
+        let mut o = SpecOverride {
+            draft_max: count("speculative.n_max", self.speculative_n_max)?,
+            draft_min: count("speculative.n_min", self.speculative_n_min)?,
+            ..SpecOverride::default()
+        };
+        let Some(spec) = &self.speculative else { return Ok(o) };
+        let Some(obj) = spec.as_object() else {
+            return Err(ApiError::field("speculative", "must be an object such as {\"mode\": \"lookup\"}"));
+        };
+        for (key, v) in obj {
+            match key.as_str() {
+                "mode" => {
+                    let m = v.as_str().ok_or_else(|| ApiError::field("speculative.mode", "must be a string"))?;
+                    o.mode = Some(m.parse().map_err(|e: String| ApiError::field("speculative.mode", e))?);
+                }
+                "n_max" | "n_min" => {
+                    let field = format!("speculative.{key}");
+                    let n = v.as_i64().ok_or_else(|| ApiError::field(&field, "must be an integer"))?;
+                    let n = count(&field, Some(n))?;
+                    if key == "n_max" { o.draft_max = n } else { o.draft_min = n }
+                }
+                "p_min" => {}
+                other => return Err(ApiError::field("speculative", format!("unknown setting {other:?}"))),
+            }
+        }
+        Ok(o)
     }
 
     /// The output constraint asked for: `response_format` (OpenAI's JSON mode and JSON schema,

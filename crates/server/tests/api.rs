@@ -239,3 +239,37 @@ async fn several_choices_share_their_prompts_blocks() {
     assert!(computed <= n_prompt + 3 * block, "computed {computed} prompt tokens for 4 choices of {n_prompt}");
     s.assert_idle_and_clean().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn speculative_requests_answer_the_same_and_are_counted() {
+    let Some(s) = default_server().await else { return };
+    let prompt = "Repeat this list twice: apples, pears, plums, cherries, apples, pears, plums, cherries.";
+    let (st, plain) = s.post("/v1/chat/completions", &chat(prompt, 64)).await;
+    assert_eq!(st, 200, "{plain}");
+    let mut req = chat(prompt, 64);
+    req["speculative"] = json!({"mode": "lookup", "n_max": 8});
+    let (st, spec) = s.post("/v1/chat/completions", &req).await;
+    assert_eq!(st, 200, "{spec}");
+    assert_eq!(spec["choices"][0]["message"], plain["choices"][0]["message"]);
+    // llama-server's flat names are taken too.
+    let mut req = chat(prompt, 64);
+    req["speculative"] = json!({"mode": "lookup"});
+    req["speculative.n_max"] = json!(4);
+    req["speculative.p_min"] = json!(0.75);
+    let (st, flat) = s.post("/v1/chat/completions", &req).await;
+    assert_eq!(st, 200, "{flat}");
+    assert_eq!(flat["choices"][0]["message"], plain["choices"][0]["message"]);
+    for bad in [json!({"mode": "draft"}), json!({"mode": 3}), json!({"n_max": -1}), json!({"depth": 2}), json!(5)] {
+        let mut req = chat(prompt, 4);
+        req["speculative"] = bad.clone();
+        let (st, body) = s.post("/v1/chat/completions", &req).await;
+        assert_eq!(st, 400, "{bad}: {body}");
+        assert!(body["error"]["message"].as_str().unwrap().contains("speculative"), "{body}");
+    }
+    let (_, metrics) = s.get("/metrics").await;
+    let text = metrics.as_str().unwrap();
+    for name in ["llamacpp:spec_decode_draft_tokens_total", "llamacpp:spec_decode_accepted_tokens_total"] {
+        assert!(text.contains(name), "{name} missing from /metrics");
+    }
+    s.assert_idle_and_clean().await;
+}

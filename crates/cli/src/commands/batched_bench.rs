@@ -80,6 +80,7 @@ pub fn run(args: Args) -> Result<()> {
         queue_size: 0,
         ctx_size: ctx,
         kv_size: args.kv_size.unwrap_or(max_pl * ctx),
+        speculative: onebit_engine::Speculation::default(),
     };
     let scheduler = Scheduler::start(std::sync::Arc::clone(&engine), pool, config)?;
     let n_kv_max = scheduler.config().kv_size;

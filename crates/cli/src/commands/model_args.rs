@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use onebit_engine::{Engine, Scheduler, SchedulerConfig};
+use onebit_engine::{Engine, Scheduler, SchedulerConfig, SpecMode, Speculation};
 use onebit_kernels::{BatchRounding, KernelTier, Pool};
 use onebit_model::{KvType, Model, ModelOptions};
 
@@ -92,6 +92,42 @@ pub struct EngineArgs {
     /// --ctx-size]. Prompts that share a prefix share its blocks.
     #[arg(long = "kv-size", value_name = "TOKENS")]
     pub kv_size: Option<usize>,
+    #[command(flatten)]
+    pub spec: SpecArgs,
+}
+
+/// Speculative decoding: drafts verified in the batched pass, output unchanged.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SpecArgs {
+    /// Speculative decoding: lookup (drafts from the context's own n-grams) or off. Drafts are
+    /// taken only where they are expected to pay, and the output is the same either way.
+    #[arg(long = "spec", default_value = "off", value_name = "MODE")]
+    pub mode: SpecMode,
+    /// Drafted tokens per sequence and step, at most.
+    #[arg(long = "draft-max", visible_alias = "draft", default_value_t = 16, value_name = "N")]
+    pub draft_max: usize,
+    /// Fewest drafted tokens worth verifying.
+    #[arg(long = "draft-min", default_value_t = 1, value_name = "N")]
+    pub draft_min: usize,
+    /// Longest context suffix the lookup matches.
+    #[arg(long = "spec-ngram-max", default_value_t = 4, value_name = "N")]
+    pub ngram_max: usize,
+    /// Shortest context suffix the lookup matches.
+    #[arg(long = "spec-ngram-min", default_value_t = 2, value_name = "N")]
+    pub ngram_min: usize,
+}
+
+impl SpecArgs {
+    pub fn speculation(&self) -> Speculation {
+        Speculation {
+            mode: self.mode,
+            draft_max: self.draft_max,
+            draft_min: self.draft_min,
+            ngram_max: self.ngram_max.max(1),
+            ngram_min: self.ngram_min.clamp(1, self.ngram_max.max(1)),
+            adaptive: true,
+        }
+    }
 }
 
 impl EngineArgs {
@@ -103,6 +139,7 @@ impl EngineArgs {
             queue_size: self.queue_size,
             ctx_size,
             kv_size: self.kv_size.unwrap_or(0),
+            speculative: self.spec.speculation(),
         }
     }
 }

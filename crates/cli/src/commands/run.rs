@@ -120,8 +120,12 @@ fn read_prompt(args: &Args) -> Result<String> {
 pub fn stats(c: &Completion) -> String {
     let u = &c.usage;
     let reused = if u.cached_tokens > 0 { format!(" ({} cached)", u.cached_tokens) } else { String::new() };
+    let drafts = match c.acceptance_rate() {
+        Some(r) => format!(", drafts {}/{} kept ({:.0} %)", c.accepted, c.drafted, r * 100.0),
+        None => String::new(),
+    };
     format!(
-        "prompt: {} tokens{reused}, {:.1} tok/s | generated: {} tokens, {:.1} tok/s{}",
+        "prompt: {} tokens{reused}, {:.1} tok/s | generated: {} tokens, {:.1} tok/s{drafts}{}",
         u.prompt_tokens,
         c.prefill_rate(),
         u.completion_tokens,
@@ -144,6 +148,8 @@ fn report(c: &Completion) -> serde_json::Value {
         "cached_tokens": c.usage.cached_tokens,
         "completion_tokens": c.usage.completion_tokens,
         "seed": c.seed,
+        "drafted_tokens": c.drafted,
+        "accepted_tokens": c.accepted,
         "timings": {
             "queue_seconds": c.timings.queue,
             "prefill_seconds": c.timings.prefill,

@@ -45,7 +45,7 @@ impl ConstraintState {
         !self.dropped && self.trigger.is_none() && !self.matcher.is_stopped()
     }
 
-    /// Compute the next token's mask (on the mask thread, while the forward pass runs).
+    /// Compute the next token's mask (on a pool worker, while the forward pass runs).
     pub fn compute_mask(&mut self) {
         let mask = match self.matcher.compute_mask() {
             Ok(m) if m.is_zero() => Err("the grammar allows no token here".to_string()),

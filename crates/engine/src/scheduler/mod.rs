@@ -36,6 +36,7 @@ use onebit_model::{BLOCK_TOKENS, KvPool, human_bytes};
 
 pub use crate::blocks::BlockCounts;
 use crate::request::{EventSink, GenerateRequest, RequestHandle};
+use crate::speculative::Speculation;
 use crate::{Engine, EngineError};
 use sequence::Sequence;
 pub use sequence::SequenceInfo;
@@ -53,11 +54,20 @@ pub struct SchedulerConfig {
     pub ctx_size: usize,
     /// Positions in the KV pool all sequences share (`--kv-size`; 0: `parallel × ctx_size`).
     pub kv_size: usize,
+    /// Speculative decoding for requests that do not choose (`--spec` and its settings).
+    pub speculative: Speculation,
 }
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
-        SchedulerConfig { parallel: 1, batch_size: 512, queue_size: 64, ctx_size: 4096, kv_size: 0 }
+        SchedulerConfig {
+            parallel: 1,
+            batch_size: 512,
+            queue_size: 64,
+            ctx_size: 4096,
+            kv_size: 0,
+            speculative: Speculation::default(),
+        }
     }
 }
 
@@ -79,6 +89,9 @@ pub struct SchedulerStats {
     /// all, in microseconds (they run beside the forward pass, not after it).
     pub masks: u64,
     pub mask_micros: u64,
+    /// Tokens drafted by speculative decoding and verified, and those of them kept.
+    pub drafted: u64,
+    pub accepted: u64,
 }
 
 pub(crate) enum Command {
@@ -179,7 +192,8 @@ impl Scheduler {
         }
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let cancel = Arc::new(AtomicBool::new(false));
-        let seq = Sequence::new(id, prompt, req, Box::new(sink), Arc::clone(&cancel), constraint);
+        let spec = self.config.speculative.with(&req.speculative);
+        let seq = Sequence::new(id, prompt, req, Box::new(sink), Arc::clone(&cancel), constraint, spec);
         if self.tx.send(Command::Submit(Box::new(seq))).is_err() {
             self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
             return Err(EngineError::ShutDown);

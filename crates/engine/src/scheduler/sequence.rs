@@ -10,6 +10,7 @@ use onebit_tokenizer::{StreamDecoder, Tokenizer};
 use crate::constraint::{ConstraintState, Progress};
 use crate::request::{Completion, Event, EventSink, FinishReason, GenerateRequest, Timings, Usage};
 use crate::sampling::{Sampler, TokenLogprobs};
+use crate::speculative::{Acceptance, Speculation};
 use crate::stop::StopMatcher;
 
 /// A running sequence as a status page shows it.
@@ -44,6 +45,15 @@ pub(crate) struct Sequence {
     pub cached: usize,
     /// The grammar the output must follow (taken out while its mask is computed).
     pub constraint: Option<Box<ConstraintState>>,
+    /// Speculative decoding: the settings, how well drafts have fared, the tokens drafted for
+    /// this step (already in `tokens`, after the newest sampled one), and the lookup's guess
+    /// for the next token when it drafted nothing (to keep learning its acceptance).
+    pub spec: Speculation,
+    pub acceptance: Acceptance,
+    pub n_draft: usize,
+    pub predicted: Option<u32>,
+    pub drafted: usize,
+    pub accepted: usize,
     sampler: Sampler,
     stops: StopMatcher,
     decoder: StreamDecoder,
@@ -80,6 +90,7 @@ impl Sequence {
         events: Box<dyn EventSink>,
         cancel: Arc<AtomicBool>,
         constraint: Option<ConstraintState>,
+        spec: Speculation,
     ) -> Sequence {
         let mut sampler = Sampler::new(req.sampling);
         prompt.iter().for_each(|&id| sampler.accept(id));
@@ -93,6 +104,12 @@ impl Sequence {
             chain: 0,
             cached: 0,
             constraint: constraint.map(Box::new),
+            spec,
+            acceptance: Acceptance::default(),
+            n_draft: 0,
+            predicted: None,
+            drafted: 0,
+            accepted: 0,
             sampler,
             stops: StopMatcher::new(&req.stop),
             decoder: StreamDecoder::new(),
@@ -125,9 +142,21 @@ impl Sequence {
         }
     }
 
-    /// Tokens still to compute (1 for a decoding sequence).
+    /// Tokens still to compute (1 for a decoding sequence, more with a draft).
     pub fn remaining(&self) -> usize {
         self.tokens.len() - self.n_computed
+    }
+
+    /// Tokens the sequence may still generate (none: no limit but the context).
+    pub fn budget_left(&self, ctx: usize) -> usize {
+        let by_ctx = ctx.saturating_sub(self.tokens.len());
+        self.max_tokens.map_or(by_ctx, |m| m.saturating_sub(self.ids.len()).min(by_ctx))
+    }
+
+    /// Whether this sequence may draft: speculation is on, and no grammar decides its tokens
+    /// (a mask is computed for one position at a time).
+    pub fn may_draft(&self) -> bool {
+        self.spec.is_on() && self.constraint.is_none()
     }
 
     pub fn is_cancelled(&self) -> bool {
@@ -159,7 +188,7 @@ impl Sequence {
         self.max_tokens.is_none_or(|n| self.ids.len() < n)
     }
 
-    /// Take the token sampled for this sequence: emit it, then any tokens the grammar forces
+    /// Take the token sampled for this sequence (the sampler has seen it already): emit it, then any tokens the grammar forces
     /// after it (they are computed together at the next step), and say whether it goes on.
     pub fn push_token(&mut self, tok: &Tokenizer, id: u32, logprobs: Option<TokenLogprobs>, ctx: usize) -> After {
         self.first_token.get_or_insert_with(Instant::now);
@@ -171,6 +200,7 @@ impl Sequence {
         for id in c.forced() {
             // A forced token has probability 1 under the masked distribution.
             let lp = self.logprobs.map(|_| TokenLogprobs { id, logprob: 0.0, top: vec![(id, 0.0)] });
+            self.sampler.accept(id);
             let after = self.push_one(tok, id, lp, ctx);
             if after != After::Continue {
                 return after;
@@ -186,7 +216,6 @@ impl Sequence {
         if (constrained || !self.ignore_eos) && tok.is_eog(id) {
             return After::Finish(FinishReason::Stop);
         }
-        self.sampler.accept(id);
         self.ids.push(id);
         self.tokens.push(id);
         let shown = self.shown_specials.contains(&id);
@@ -239,6 +268,8 @@ impl Sequence {
                 decode: secs(prefilled, now),
             },
             seed: self.sampler.seed(),
+            drafted: self.drafted,
+            accepted: self.accepted,
         };
         tracing::debug!(id = self.id, ?finish, usage = ?completion.usage, "request done");
         self.send(Event::Done(Ok(completion)));

@@ -22,6 +22,7 @@ use crate::blocks::BlockManager;
 use crate::constraint::{ConstraintState, apply_mask};
 use crate::request::FinishReason;
 use crate::sampling::{self, Candidate, TokenLogprobs};
+use crate::speculative::{StepCost, choose_drafts, lookup};
 use crate::{Engine, EngineError};
 
 /// (index in `running`, tokens to compute this step), in `running` order.
@@ -42,18 +43,22 @@ pub(super) struct Worker {
     /// In the order they got their places.
     running: Vec<Sequence>,
     stats: SchedulerStats,
+    /// What a step costs per token, for deciding whether drafts pay.
+    cost: StepCost,
 }
 
-/// One sequence's draw from its logits, made on a pool thread.
+/// One sequence's draws from its logits, made on a pool thread: one token, or with a draft, one
+/// per verified position up to the first that disagrees with the draft.
 struct Draw<'a> {
     seq: usize,
     sequence: &'a mut Sequence,
-    logits: &'a [f32],
+    rows: Vec<&'a [f32]>,
+    draft: Vec<u32>,
     out: Option<DrawResult>,
 }
 
-/// A drawn token and its log-probabilities, or why the sequence's grammar allowed none.
-type DrawResult = Result<(u32, Option<TokenLogprobs>), String>;
+/// The drawn tokens and their log-probabilities, or why the sequence's grammar allowed none.
+type DrawResult = Result<Vec<(u32, Option<TokenLogprobs>)>, String>;
 
 /// A pool thread's work space for draws: the sampler's candidates, and the masked logits of
 /// a constrained sequence.
@@ -90,6 +95,7 @@ impl Worker {
             waiting: VecDeque::new(),
             running: Vec::new(),
             stats: SchedulerStats::default(),
+            cost: StepCost::default(),
         }
     }
 
@@ -101,6 +107,7 @@ impl Worker {
             if plan.is_empty() {
                 continue;
             }
+            let plan = self.add_drafts(plan);
             if let Err(e) = self.step(&plan) {
                 self.fail_running(&e);
             }
@@ -283,12 +290,76 @@ impl Worker {
         plan
     }
 
+    /// Drafts for the decoding sequences that speculate: as many drafted tokens as pay (see
+    /// [`choose_drafts`]), within the step's token budget and the free blocks (keeping a block
+    /// of headroom per running sequence). They go into the sequences' tokens after the newest
+    /// one, and into the plan.
+    fn add_drafts(&mut self, mut plan: Plan) -> Plan {
+        if !self.running.iter().any(|s| s.spec.is_on()) {
+            return plan;
+        }
+        let ctx = self.config.ctx_size;
+        let mut drafts: Vec<(usize, Vec<u32>)> = Vec::new();
+        for (p, &(i, n)) in plan.iter().enumerate() {
+            let s = &mut self.running[i];
+            s.predicted = None;
+            if n != 1 || s.remaining() != 1 || !s.may_draft() {
+                continue;
+            }
+            let max = s.spec.draft_max.min(s.budget_left(ctx).saturating_sub(1));
+            let draft = lookup(&s.tokens, s.spec.ngram_min, s.spec.ngram_max, max);
+            s.predicted = draft.first().copied();
+            if draft.len() >= s.spec.draft_min.max(1) {
+                drafts.push((p, draft));
+            }
+        }
+        if drafts.is_empty() {
+            return plan;
+        }
+        let base_tokens: usize = plan.iter().map(|e| e.1).sum();
+        let base_yield =
+            plan.iter().filter(|&&(i, n)| self.running[i].n_computed + n == self.running[i].tokens.len()).count();
+        let candidates: Vec<(f64, usize)> =
+            drafts.iter().map(|(p, d)| (self.running[plan[*p].0].acceptance.rate(), d.len())).collect();
+        let mut take = choose_drafts(&self.cost, base_tokens, base_yield as f64, &candidates);
+        for (t, (p, d)) in take.iter_mut().zip(&drafts) {
+            if !self.running[plan[*p].0].spec.adaptive {
+                *t = d.len();
+            }
+        }
+        let mut room = self.config.batch_size.saturating_sub(base_tokens);
+        let mut spare = self.blocks.available().saturating_sub(self.running.len());
+        for ((p, draft), k) in drafts.into_iter().zip(take) {
+            let s = &mut self.running[plan[p].0];
+            let held = s.blocks.len() * BLOCK_TOKENS;
+            let fits = (held + spare * BLOCK_TOKENS).saturating_sub(s.n_computed + 1);
+            let k = k.min(room).min(fits);
+            if k == 0 || k < s.spec.draft_min {
+                continue;
+            }
+            while s.blocks.len() * BLOCK_TOKENS < s.n_computed + 1 + k {
+                s.blocks.push(self.blocks.allocate().expect("counted as spare"));
+                spare -= 1;
+            }
+            s.tokens.extend_from_slice(&draft[..k]);
+            s.n_draft = k;
+            plan[p].1 += k;
+            room -= k;
+        }
+        plan
+    }
+
     /// Run one forward pass for `plan` (computing the grammar masks of constrained sequences
     /// beside it), then sample and stream.
     fn step(&mut self, plan: &[(usize, usize)]) -> Result<(), EngineError> {
-        let Worker { engine, pool, kv, blocks, scratch, work, running, stats, .. } = self;
+        let started = Instant::now();
+        let Worker { engine, pool, kv, blocks, scratch, work, running, stats, cost, .. } = self;
+        let decoding_only = plan.iter().all(|&(i, n)| {
+            let s = &running[i];
+            n == 1 + s.n_draft && s.n_computed >= s.n_prompt
+        });
         // The constraints of sequences that get logits this step leave their sequences while
-        // their masks are computed on another thread.
+        // their masks are computed on a pool worker.
         let mut masking: Masking = Vec::new();
         for &(i, n) in plan {
             let s = &mut running[i];
@@ -308,7 +379,13 @@ impl Worker {
                     tokens: &s.tokens[s.n_computed..end],
                     start: s.n_computed,
                     blocks: &s.blocks,
-                    logits: if end == s.tokens.len() { LogitsWanted::Last } else { LogitsWanted::None },
+                    logits: if s.n_draft > 0 {
+                        LogitsWanted::All
+                    } else if end == s.tokens.len() {
+                        LogitsWanted::Last
+                    } else {
+                        LogitsWanted::None
+                    },
                 }
             })
             .collect();
@@ -316,13 +393,12 @@ impl Worker {
             (engine.model().forward(pool, kv, &inputs, scratch), masking)
         } else {
             stats.masks += masking.len() as u64;
-            std::thread::scope(|sc| {
-                let handle = sc.spawn(move || compute_masks(masking));
-                let logits = engine.model().forward(pool, kv, &inputs, scratch);
-                let (masking, micros) = handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-                stats.mask_micros += micros;
-                (logits, masking)
-            })
+            // On a pool worker, not a thread of its own: a third thread would take a core from
+            // a pool thread mid-job and every job would wait for it (see `Pool::beside`).
+            let ((masking, micros), logits) =
+                pool.beside(move || compute_masks(masking), || engine.model().forward(pool, kv, &inputs, scratch));
+            stats.mask_micros += micros;
+            (logits, masking)
         };
         drop(inputs);
         for (i, c) in masking {
@@ -331,9 +407,13 @@ impl Worker {
         let logits = logits?;
         stats.steps += 1;
         stats.busy_slot_steps += plan.len() as u64;
+        // A drafted sequence's cache holds its newest token for sure; the drafted tokens leave
+        // its tokens until the draws say which of them stay.
+        let mut drafts: Vec<Vec<u32>> = Vec::with_capacity(plan.len());
         for &(i, n) in plan {
             let s = &mut running[i];
-            s.n_computed += n;
+            s.n_computed += n - s.n_draft;
+            drafts.push(s.tokens.split_off(s.tokens.len() - s.n_draft));
             stats.tokens_computed += n as u64;
             register_full_blocks(blocks, s);
             s.note_prefilled();
@@ -349,7 +429,12 @@ impl Worker {
             }
             let Some(row) = plan.get(p).filter(|e| e.0 == i).and_then(|_| logits.last(p)) else { continue };
             if s.wants_more() {
-                draws.push(Draw { seq: i, sequence: s, logits: row, out: None });
+                let draft = std::mem::take(&mut drafts[p]);
+                let rows = match draft.len() {
+                    0 => vec![row],
+                    k => (0..=k).filter_map(|j| logits.get(p, j)).collect(),
+                };
+                draws.push(Draw { seq: i, sequence: s, rows, draft, out: None });
             } else {
                 length_done.push(i);
             }
@@ -357,17 +442,22 @@ impl Worker {
         pool.for_each_mut(&mut draws, &|tid, d| {
             // SAFETY: `tid` is this thread's own index in the running job.
             let w = unsafe { work.get(tid) };
-            d.out = Some(d.sequence.draw(d.logits, w));
+            d.out = Some(d.sequence.verify(&d.rows, &d.draft, w));
         });
         let drawn: Vec<(usize, DrawResult)> =
             draws.into_iter().map(|d| (d.seq, d.out.expect("every draw ran"))).collect();
+        // Only decoding steps teach the cost of a drafted token: prompt chunks cost less per
+        // token (and the first ones include the cache's first touch).
+        if decoding_only {
+            cost.observe(plan.iter().map(|e| e.1).sum(), started.elapsed().as_secs_f64());
+        }
 
         let tok = engine.tokenizer();
         let mut finished: Vec<(usize, After)> =
             length_done.into_iter().map(|i| (i, After::Finish(FinishReason::Length))).collect();
         for (i, out) in drawn {
             let after = match out {
-                Ok((id, lp)) => running[i].push_token(tok, id, lp, self.config.ctx_size),
+                Ok(tokens) => push_verified(&mut running[i], tokens, tok, self.config.ctx_size, blocks, stats),
                 Err(e) => After::Fail(e),
             };
             if after != After::Continue {
@@ -433,7 +523,45 @@ fn register_full_blocks(blocks: &mut BlockManager, s: &mut Sequence) {
     }
 }
 
-/// Compute the masks of `masking` (on the mask thread, beside the forward pass); returns the
+/// Take a sequence's drawn tokens: with a draft, the kept drafted tokens (now in the cache) and
+/// the one drawn after them; learn from how the draft, or the lookup's guess, fared.
+fn push_verified(
+    s: &mut Sequence,
+    tokens: Vec<(u32, Option<TokenLogprobs>)>,
+    tok: &onebit_tokenizer::Tokenizer,
+    ctx: usize,
+    blocks: &mut BlockManager,
+    stats: &mut SchedulerStats,
+) -> After {
+    let k = std::mem::take(&mut s.n_draft);
+    let kept = tokens.len() - 1;
+    if k > 0 {
+        (0..kept).for_each(|_| s.acceptance.observe(true));
+        if kept < k {
+            s.acceptance.observe(false);
+        }
+        s.drafted += k;
+        s.accepted += kept;
+        stats.drafted += k as u64;
+        stats.accepted += kept as u64;
+    } else if let (Some(guess), Some(&(id, _))) = (s.predicted.take(), tokens.first()) {
+        s.acceptance.observe(guess == id);
+    }
+    for (j, (id, lp)) in tokens.into_iter().enumerate() {
+        if j > 0 {
+            // The previous token was a kept draft: its keys and values are in the cache.
+            s.n_computed += 1;
+        }
+        let after = s.push_token(tok, id, lp, ctx);
+        if after != After::Continue {
+            return after;
+        }
+    }
+    register_full_blocks(blocks, s);
+    After::Continue
+}
+
+/// Compute the masks of `masking` (on a pool worker, beside the forward pass); returns the
 /// constraints back and the time taken in microseconds.
 fn compute_masks(mut masking: Masking) -> (Masking, u64) {
     let t = Instant::now();
@@ -442,10 +570,26 @@ fn compute_masks(mut masking: Masking) -> (Masking, u64) {
 }
 
 impl Sequence {
+    /// Draw a token from each row in turn (each seen by the sampler before the next), while the
+    /// drawn token equals the draft's: the first that differs, or the one after the whole
+    /// draft, is the last.
+    fn verify(&mut self, rows: &[&[f32]], draft: &[u32], w: &mut DrawSpace) -> DrawResult {
+        let mut out = Vec::with_capacity(rows.len());
+        for (j, row) in rows.iter().enumerate() {
+            let (id, lp) = self.draw(row, w)?;
+            self.sampler_mut().accept(id);
+            out.push((id, lp));
+            if draft.get(j) != Some(&id) {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
     /// The next token from `logits` (only among those its grammar allows, if it has one), and
     /// its log-probabilities if the request asked: those of the masked distribution, so that
     /// a disallowed token never shows up among the likely ones.
-    fn draw(&mut self, logits: &[f32], w: &mut DrawSpace) -> DrawResult {
+    fn draw(&mut self, logits: &[f32], w: &mut DrawSpace) -> Result<(u32, Option<TokenLogprobs>), String> {
         let logits = match self.constraint.as_mut() {
             Some(c) if c.is_active() => match c.mask.take() {
                 Some(Ok(mask)) => {

@@ -20,7 +20,7 @@ pub struct TestServer {
 
 /// The engine settings the tests use unless they say otherwise.
 pub fn engine_config() -> SchedulerConfig {
-    SchedulerConfig { parallel: 4, batch_size: 512, queue_size: 16, ctx_size: 1024, kv_size: 0 }
+    SchedulerConfig { parallel: 4, batch_size: 512, queue_size: 16, ctx_size: 1024, ..SchedulerConfig::default() }
 }
 
 /// Start a server on the demo model; `None` (the test skips) when the model is not cached.

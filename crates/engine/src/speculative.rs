@@ -1,0 +1,307 @@
+//! Speculative decoding by prompt lookup: drafts taken from a sequence's own context, verified
+//! in the same batched forward pass as everything else, kept only where the target agrees.
+//!
+//! A draft is the continuation of the latest earlier occurrence of the context's last n tokens
+//! (longest n first). The target computes the drafted positions together with the sequence's
+//! newest token and samples each position in order with the sequence's own sampler; a drafted
+//! token is kept while it equals what was sampled. With a deterministic draft this is exactly
+//! speculative sampling (a drafted token survives with the target's probability for it, and a
+//! rejection leaves a sample of the residual), and because every position is sampled with the
+//! same random stream as plain decoding would use, the output is token for token the one
+//! without speculation, greedy or not.
+//!
+//! Whether a drafted token pays is decided per step: it costs the marginal time of one more
+//! token in the pass ([`StepCost`], fitted to the steps as they run) and is worth its chance of
+//! being kept ([`Acceptance`], learnt per sequence, also while not drafting). The k-th drafted
+//! token of a sequence goes into the step only while it raises the step's expected tokens per
+//! second, so a batch that is already compute-bound, or a sequence whose drafts keep failing,
+//! drafts nothing.
+
+/// How sequences draft (`--spec`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SpecMode {
+    /// No drafting.
+    #[default]
+    Off,
+    /// Drafts from the sequence's own context (n-gram lookup).
+    Lookup,
+}
+
+impl std::str::FromStr for SpecMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" | "none" => Ok(SpecMode::Off),
+            "lookup" | "ngram" => Ok(SpecMode::Lookup),
+            "draft" => Err("a draft model is not supported yet; use lookup or off".into()),
+            _ => Err(format!("unknown speculative mode {s:?}: use lookup or off")),
+        }
+    }
+}
+
+impl std::fmt::Display for SpecMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SpecMode::Off => "off",
+            SpecMode::Lookup => "lookup",
+        })
+    }
+}
+
+/// Speculative decoding settings (the scheduler's default; a request may override them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Speculation {
+    pub mode: SpecMode,
+    /// Drafted tokens per sequence and step, at most (`--draft-max`).
+    pub draft_max: usize,
+    /// Shortest run of tokens a draft may start with (`--draft-min`); shorter ones are dropped.
+    pub draft_min: usize,
+    /// The longest and shortest context suffix matched (`--spec-ngram-max`, `--spec-ngram-min`).
+    pub ngram_max: usize,
+    pub ngram_min: usize,
+    /// Draft only where it is expected to pay (off: always draft what the lookup finds, which
+    /// tests and measurements of the verification itself want).
+    pub adaptive: bool,
+}
+
+impl Default for Speculation {
+    fn default() -> Self {
+        Speculation { mode: SpecMode::Off, draft_max: 16, draft_min: 1, ngram_max: 4, ngram_min: 2, adaptive: true }
+    }
+}
+
+impl Speculation {
+    pub fn is_on(&self) -> bool {
+        self.mode != SpecMode::Off && self.draft_max > 0
+    }
+
+    /// These settings with a request's own choices on top.
+    pub fn with(mut self, o: &SpecOverride) -> Speculation {
+        self.mode = o.mode.unwrap_or(self.mode);
+        self.draft_max = o.draft_max.unwrap_or(self.draft_max);
+        self.draft_min = o.draft_min.unwrap_or(self.draft_min);
+        self.adaptive = o.adaptive.unwrap_or(self.adaptive);
+        self
+    }
+}
+
+/// A request's speculative decoding choices; what it leaves out comes from the scheduler's
+/// [`Speculation`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpecOverride {
+    pub mode: Option<SpecMode>,
+    pub draft_max: Option<usize>,
+    pub draft_min: Option<usize>,
+    pub adaptive: Option<bool>,
+}
+
+/// How far back a lookup searches (tokens): bounds the per-step cost on long contexts.
+const LOOKUP_WINDOW: usize = 8192;
+
+/// Up to `max` tokens that followed the latest earlier occurrence of the last n tokens of
+/// `ctx` (n from `ngram_max` down to `ngram_min`); empty when nothing matches. A continuation
+/// that runs into the end of the context goes on as the copy it has become (a repeating
+/// stretch drafts its repetitions).
+pub fn lookup(ctx: &[u32], ngram_min: usize, ngram_max: usize, max: usize) -> Vec<u32> {
+    let len = ctx.len();
+    let from = len.saturating_sub(LOOKUP_WINDOW);
+    for n in (ngram_min.max(1)..=ngram_max).rev() {
+        if n >= len {
+            continue;
+        }
+        let key = &ctx[len - n..];
+        // Latest occurrence first: recent text predicts best. It must end before the key.
+        for start in (from..len - n).rev() {
+            if &ctx[start..start + n] == key {
+                let cont = start + n;
+                let period = len - cont;
+                return (0..max).map(|i| ctx[cont + i % period]).collect();
+            }
+        }
+    }
+    Vec::new()
+}
+
+/// A sequence's chance that a drafted token is kept, learnt with exponential forgetting.
+#[derive(Clone, Copy, Debug)]
+pub struct Acceptance {
+    kept: f64,
+    tried: f64,
+}
+
+/// Weight kept per observation (about the last 30 observations count).
+const FORGET: f64 = 0.97;
+
+impl Default for Acceptance {
+    /// An optimistic start (a kept-rate of 1/2 worth four observations), so that drafting is
+    /// tried and measured.
+    fn default() -> Self {
+        Acceptance { kept: 2.0, tried: 4.0 }
+    }
+}
+
+impl Acceptance {
+    pub fn rate(&self) -> f64 {
+        self.kept / self.tried
+    }
+
+    /// One drafted (or predicted) token, kept or not.
+    pub fn observe(&mut self, kept: bool) {
+        self.kept = self.kept * FORGET + f64::from(u8::from(kept));
+        self.tried = self.tried * FORGET + 1.0;
+    }
+}
+
+/// The time of a step as `fixed + per_token × tokens`, fitted by least squares over recent
+/// steps (exponentially weighted), with a prior that keeps it defined before the steps vary.
+#[derive(Clone, Copy, Debug)]
+pub struct StepCost {
+    w: f64,
+    sn: f64,
+    st: f64,
+    snn: f64,
+    snt: f64,
+}
+
+/// Steps with more tokens than this (prompt chunks) do not enter the fit: its tokens cost
+/// less each, and the fit is for the few tokens drafts add.
+const FIT_MAX_TOKENS: usize = 64;
+const STEP_FORGET: f64 = 0.98;
+
+impl Default for StepCost {
+    fn default() -> Self {
+        StepCost { w: 0.0, sn: 0.0, st: 0.0, snn: 0.0, snt: 0.0 }
+    }
+}
+
+impl StepCost {
+    /// A step of `tokens` tokens took `secs`.
+    pub fn observe(&mut self, tokens: usize, secs: f64) {
+        if tokens == 0 || tokens > FIT_MAX_TOKENS {
+            return;
+        }
+        let n = tokens as f64;
+        let f = STEP_FORGET;
+        self.w = self.w * f + 1.0;
+        self.sn = self.sn * f + n;
+        self.st = self.st * f + secs;
+        self.snn = self.snn * f + n * n;
+        self.snt = self.snt * f + n * secs;
+    }
+
+    /// (fixed, per-token) seconds; `None` until any step was seen.
+    pub fn model(&self) -> Option<(f64, f64)> {
+        if self.w < 0.5 {
+            return None;
+        }
+        let mean_n = self.sn / self.w;
+        let mean_t = self.st / self.w;
+        // Prior: a token costs a fifth of a one-token step, worth two steps of spread. It
+        // dominates only while the step sizes have not varied (no drafts yet), and errs
+        // towards trying drafts.
+        let prior_w = 2.0;
+        let prior_slope = mean_t / (mean_n + 4.0);
+        let var = self.snn / self.w - mean_n * mean_n;
+        let cov = self.snt / self.w - mean_n * mean_t;
+        let slope = ((cov * self.w + prior_slope * prior_w) / (var * self.w + prior_w)).max(1e-7);
+        let fixed = (mean_t - slope * mean_n).max(0.0);
+        Some((fixed, slope))
+    }
+}
+
+/// How many drafted tokens each candidate sequence puts into a step.
+///
+/// `base_tokens` are the step's tokens without drafts and `base_yield` the tokens it is expected
+/// to produce; `candidates` holds each drafting sequence's acceptance rate and draft length.
+/// Drafted tokens are added best first (a sequence's k-th token is worth `rate^k`) while each
+/// raises the step's expected tokens per second.
+pub fn choose_drafts(cost: &StepCost, base_tokens: usize, base_yield: f64, candidates: &[(f64, usize)]) -> Vec<usize> {
+    let mut take = vec![0; candidates.len()];
+    let Some((fixed, per_token)) = cost.model() else {
+        // No step timed yet: draft fully once, which also times a longer step.
+        return candidates.iter().map(|&(_, len)| len).collect();
+    };
+    let mut time = fixed + per_token * base_tokens as f64;
+    let mut value = base_yield;
+    loop {
+        // The next token of the sequence whose next token is worth most.
+        let best = candidates
+            .iter()
+            .enumerate()
+            .filter(|&(i, &(_, len))| take[i] < len)
+            .map(|(i, &(rate, _))| (i, rate.powi(take[i] as i32 + 1)))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        let Some((i, worth)) = best else { break };
+        // Worth adding when worth / per_token > value / time.
+        if worth * time <= value * per_token {
+            break;
+        }
+        take[i] += 1;
+        time += per_token;
+        value += worth;
+    }
+    take
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_takes_the_latest_longest_match() {
+        let ctx = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 2, 3];
+        // "2 3" occurs at 1 and 6: the later one continues with 7 8 5.
+        assert_eq!(lookup(&ctx, 1, 4, 3), [7, 8, 5]);
+        // Past the context's end the copy goes on: "7 8 5 2 3" repeats.
+        assert_eq!(lookup(&ctx, 1, 4, 7), [7, 8, 5, 2, 3, 7, 8]);
+        assert_eq!(lookup(&[4, 4, 4], 2, 2, 5), [4, 4, 4, 4, 4]);
+        assert!(lookup(&[1, 2, 3], 1, 3, 4).is_empty());
+        assert!(lookup(&[], 1, 3, 4).is_empty());
+        assert!(lookup(&ctx, 1, 4, 0).is_empty());
+    }
+
+    #[test]
+    fn the_step_cost_fit_finds_a_line() {
+        let mut c = StepCost::default();
+        assert!(c.model().is_none());
+        for i in 0..200 {
+            let n = 1 + i % 9;
+            c.observe(n, 0.010 + 0.002 * n as f64);
+        }
+        c.observe(500, 1.0); // a prompt chunk: not in the fit
+        let (fixed, per) = c.model().unwrap();
+        assert!((fixed - 0.010).abs() < 1e-4, "{fixed}");
+        assert!((per - 0.002).abs() < 1e-5, "{per}");
+    }
+
+    #[test]
+    fn drafts_are_taken_only_while_they_pay() {
+        let mut c = StepCost::default();
+        for i in 0..100 {
+            let n = 1 + i % 5;
+            // Memory-bound: a token costs a tenth of a step.
+            c.observe(n, 0.010 + 0.001 * n as f64);
+        }
+        // A good drafter drafts its whole draft, a hopeless one nothing.
+        assert_eq!(choose_drafts(&c, 1, 1.0, &[(0.9, 8)]), vec![8]);
+        assert_eq!(choose_drafts(&c, 1, 1.0, &[(0.05, 8)]), vec![0]);
+        // Compute-bound: a token costs as much as a step; only a near-certain draft pays.
+        let mut c = StepCost::default();
+        for i in 0..100 {
+            let n = 1 + i % 5;
+            c.observe(n, 0.010 * n as f64);
+        }
+        assert_eq!(choose_drafts(&c, 1, 1.0, &[(0.6, 8)]), vec![0]);
+        assert_eq!(choose_drafts(&c, 8, 8.0, &[(0.6, 8), (0.6, 8)]), vec![0, 0]);
+    }
+
+    #[test]
+    fn acceptance_follows_recent_outcomes() {
+        let mut a = Acceptance::default();
+        assert_eq!(a.rate(), 0.5);
+        (0..100).for_each(|_| a.observe(true));
+        assert!(a.rate() > 0.9);
+        (0..100).for_each(|_| a.observe(false));
+        assert!(a.rate() < 0.1);
+    }
+}
