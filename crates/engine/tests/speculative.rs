@@ -121,3 +121,114 @@ fn drafting_sequences_share_steps_with_others() {
     }
     s.check_blocks().unwrap();
 }
+
+fn argmax(row: &[f32]) -> u32 {
+    row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i as u32).unwrap()
+}
+
+/// The cache after verifying drafts with a rejection is, over the positions it keeps, the cache
+/// of a run that never drafted, bit for bit: a verification pass computes the same keys and
+/// values as single-token steps, and a rejected position is simply forgotten.
+#[test]
+fn rejected_drafts_leave_the_cache_as_if_never_drafted() {
+    use onebit_model::{LogitsWanted, Scratch};
+    for name in ["qwen3-q1_0.gguf", "llama-q4_1.gguf", "qwen2-f16.gguf"] {
+        let Some(path) = onebit_testkit::shared_file(&format!("models/{name}")) else { return };
+        let model = Model::load(path, &ModelOptions::default()).unwrap();
+        let vocab = model.config().vocab_size as u32;
+        let (pool, mut scratch) = (Pool::new(2), Scratch::new());
+        let prompt: Vec<u32> = (0..19).map(|i| (i * 7919 + 11) % vocab).collect();
+        // Plain greedy decoding, one token per step.
+        let mut plain = model.new_cache(256).unwrap();
+        let l = model.forward_one(&pool, &mut plain, &prompt, LogitsWanted::Last, &mut scratch).unwrap();
+        let mut toks = vec![argmax(l.last(0).unwrap())];
+        for _ in 0..30 {
+            let next = *toks.last().unwrap();
+            let l = model.forward_one(&pool, &mut plain, &[next], LogitsWanted::Last, &mut scratch).unwrap();
+            toks.push(argmax(l.last(0).unwrap()));
+        }
+        // Each step drafts the two right tokens and a wrong third: two kept, one rejected.
+        let mut drafted = model.new_cache(256).unwrap();
+        model.forward_one(&pool, &mut drafted, &prompt, LogitsWanted::Last, &mut scratch).unwrap();
+        let mut i = 0;
+        while i + 3 < toks.len() {
+            let wrong = (toks[i + 3] + 1) % vocab;
+            let start = drafted.len();
+            let input = [toks[i], toks[i + 1], toks[i + 2], wrong];
+            let l = model.forward_one(&pool, &mut drafted, &input, LogitsWanted::All, &mut scratch).unwrap();
+            for j in 0..3 {
+                assert_eq!(argmax(l.get(0, j).unwrap()), toks[i + 1 + j], "{name}: verified position {j}");
+            }
+            drafted.truncate(start + 3);
+            i += 3;
+        }
+        assert!(drafted.len() > prompt.len() + 20);
+        for p in 0..drafted.len() {
+            assert!(drafted.position_bytes(p) == plain.position_bytes(p), "{name}: position {p} differs");
+        }
+    }
+}
+
+/// Sampling at a verified position draws from the model's own distribution: the token drawn
+/// right after a draft was made (temperature 1, nothing cut) is checked by a chi-square test
+/// against the softmax of the logits the model gives that position when it runs alone.
+#[test]
+fn sampled_tokens_at_verified_positions_follow_the_models_distribution() {
+    use onebit_model::{LogitsWanted, Scratch};
+    let Some(path) = onebit_testkit::demo_model() else { return };
+    let e = Arc::new(Engine::new(Model::load(&path, &ModelOptions::default()).unwrap()).unwrap());
+    let s = start(&e, 4);
+    let prompt = e.tokenize("one two three four. one two three four. one two three four. one two", false).unwrap();
+    let sampling = |seed| SamplingParams {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: Some(seed),
+        ..SamplingParams::default()
+    };
+    let runs: Vec<Completion> =
+        (0..600).map(|seed| generate(&s, &prompt, request(sampling(seed), 2, spec(false, 4)))).collect();
+    assert!(runs.iter().map(|c| c.drafted).sum::<usize>() > 300, "the second token was mostly drafted for");
+    // Condition on the most frequent first token.
+    let mut first = std::collections::HashMap::new();
+    runs.iter().for_each(|c| *first.entry(c.ids[0]).or_insert(0usize) += 1);
+    let (&x0, _) = first.iter().max_by_key(|&(_, n)| *n).unwrap();
+    let seconds: Vec<u32> = runs.iter().filter(|c| c.ids[0] == x0).map(|c| c.ids[1]).collect();
+    let n = seconds.len() as f64;
+    assert!(n >= 200.0, "only {n} runs share the first token");
+    // The model's distribution there, from a plain single-sequence pass.
+    let model = e.model();
+    let mut cache = model.new_cache(256).unwrap();
+    let mut scratch = Scratch::new();
+    let mut ctx = prompt.clone();
+    ctx.push(x0);
+    let l = model.forward_one(&Pool::new(2), &mut cache, &ctx, LogitsWanted::Last, &mut scratch).unwrap();
+    let row = l.last(0).unwrap();
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let z: f64 = row.iter().map(|&x| ((x - max) as f64).exp()).sum();
+    let p = |id: u32| ((row[id as usize] - max) as f64).exp() / z;
+    // Bins: every token expected at least 5 times, and the rest together.
+    let mut ids: Vec<u32> = (0..row.len() as u32).filter(|&id| p(id) * n >= 5.0).collect();
+    ids.sort_unstable();
+    let observed = |id: u32| seconds.iter().filter(|&&t| t == id).count() as f64;
+    let mut chi2 = 0.0;
+    let mut rest_expected = n;
+    let mut rest_observed = n;
+    for &id in &ids {
+        let (o, e) = (observed(id), p(id) * n);
+        chi2 += (o - e).powi(2) / e;
+        rest_expected -= e;
+        rest_observed -= o;
+    }
+    let mut df = ids.len() as f64 - 1.0;
+    if rest_expected >= 5.0 {
+        chi2 += (rest_observed - rest_expected).powi(2) / rest_expected;
+        df += 1.0;
+    }
+    assert!(df >= 1.0, "the distribution is too peaked to test ({} bins)", ids.len());
+    // The 99.9th percentile of chi-square with `df` degrees of freedom (Wilson–Hilferty).
+    let a = 2.0 / (9.0 * df);
+    let critical = df * (1.0 - a + 3.09 * a.sqrt()).powi(3);
+    assert!(chi2 < critical, "chi-square {chi2:.1} over {df} degrees of freedom (critical {critical:.1})");
+}

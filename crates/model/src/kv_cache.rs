@@ -187,6 +187,27 @@ impl KvPool {
         }
     }
 
+    /// Every layer's key and value bytes at position `pos` of the sequence whose block table is
+    /// `blocks`, as stored (for comparing caches bit for bit).
+    pub fn position_bytes(&self, blocks: &[u32], pos: usize) -> Vec<u8> {
+        let (block, slot) = (blocks[pos / BLOCK_TOKENS] as usize, pos % BLOCK_TOKENS);
+        let n_layers = self.buf.len.checked_div(self.k_bytes + self.v_bytes).unwrap_or(0);
+        let mut out = Vec::new();
+        for layer in 0..n_layers {
+            for head in 0..self.n_kv_heads {
+                for (values, width) in [(false, self.head_dim), (true, self.value_dim)] {
+                    let at = self.offset(block, head, slot, width);
+                    match self.view(self.layer_at(layer, values), at, width) {
+                        KvRow::F16(r) => out.extend_from_slice(bytemuck::cast_slice(r)),
+                        KvRow::F32(r) => out.extend_from_slice(bytemuck::cast_slice(r)),
+                        KvRow::Q8_0(r) => out.extend_from_slice(r),
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// A handle that writes layer `layer`'s keys and values of several positions at once, from
     /// several threads (each position is one (block, slot), written by one thread).
     pub(crate) fn writer(&mut self, layer: usize) -> KvWriter<'_> {
@@ -409,6 +430,12 @@ impl KvCache {
 
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    /// Every layer's key and value bytes at position `pos` (< `len()`), as stored.
+    pub fn position_bytes(&self, pos: usize) -> Vec<u8> {
+        assert!(pos < self.len, "position {pos} is not in the cache ({} positions)", self.len);
+        self.pool.position_bytes(&self.blocks, pos)
     }
 
     /// Forget positions from `len` on (to reuse a shared prefix, or reject a draft).
