@@ -20,9 +20,6 @@ use serde_json::Value as Json;
 use crate::error::ApiError;
 use crate::generate::Running;
 
-/// How often a comment ping goes out while nothing else does.
-const PING: Duration = Duration::from_secs(5);
-
 /// Events waiting to go out, and whether the stream is over.
 #[derive(Default)]
 pub struct Out {
@@ -54,7 +51,8 @@ pub trait Translator: Send + 'static {
 }
 
 /// The SSE response for a running request of one choice.
-pub fn respond<T: Translator>(running: Running, mut translator: T) -> Response {
+/// `ping`: the quiet time after which a comment ping goes out.
+pub fn respond<T: Translator>(running: Running, mut translator: T, ping: Duration) -> Response {
     let mut out = Out::default();
     translator.start(&mut out);
     let events = stream::unfold((running, translator, out), |(mut running, mut t, mut out)| async move {
@@ -81,5 +79,5 @@ pub fn respond<T: Translator>(running: Running, mut translator: T) -> Response {
             }
         }
     });
-    Sse::new(events).keep_alive(KeepAlive::new().interval(PING).text("ping")).into_response()
+    Sse::new(events).keep_alive(KeepAlive::new().interval(ping).text("ping")).into_response()
 }

@@ -111,7 +111,7 @@ async fn answer(state: &Arc<AppState>, headers: &HeaderMap, body: &[u8]) -> Resu
     let running = Running::submit(state, ready, vec![ids], &job, "messages", id)?;
     if job.stream {
         let streamed = Streamed { shape, engine: Arc::clone(&ready.engine), started: false };
-        return Ok(adapter_stream::respond(running, streamed));
+        return Ok(adapter_stream::respond(running, streamed, state.config.sse_ping));
     }
     let (choices, running) = running.collect().await?;
     let c = choices[0].completion.as_ref().expect("collect checks every choice");

@@ -79,7 +79,7 @@ async fn answer(
 ) -> Result<Response, ApiError> {
     let running = Running::submit(state, ready, prompts, &job, endpoint, shape.id.clone())?;
     if job.stream {
-        return Ok(stream::respond(running, shape, job.include_usage));
+        return Ok(stream::respond(running, shape, job.include_usage, state.config.sse_ping));
     }
     let (choices, running) = running.collect().await?;
     let done: Vec<(&Completion, &[TokenLogprobs])> = choices

@@ -85,6 +85,9 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// Where a thinking model's thoughts go: `reasoning_content` (Deepseek) or `content` (None).
     pub reasoning_format: ReasoningFormat,
+    /// How long a stream may stay quiet (a long prompt being computed) before a comment ping
+    /// goes out, so that proxies keep the connection.
+    pub sse_ping: Duration,
 }
 
 impl Default for ServerConfig {
@@ -100,6 +103,7 @@ impl Default for ServerConfig {
             body_limit: 8 << 20,
             shutdown_grace: Duration::from_secs(30),
             reasoning_format: ReasoningFormat::Deepseek,
+            sse_ping: Duration::from_secs(5),
         }
     }
 }

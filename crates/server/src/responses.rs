@@ -71,7 +71,7 @@ pub async fn create(State(state): State<Arc<AppState>>, headers: HeaderMap, body
     };
     let running = Running::submit(&state, ready, vec![ids], &job, "responses", id)?;
     if job.stream {
-        return Ok(adapter_stream::respond(running, Streamed { shape, seq: 0 }));
+        return Ok(adapter_stream::respond(running, Streamed { shape, seq: 0 }, state.config.sse_ping));
     }
     let (choices, running) = running.collect().await?;
     let c = choices[0].completion.as_ref().expect("collect checks every choice");

@@ -19,9 +19,6 @@ use crate::error::ApiError;
 use crate::generate::{Running, finish_reason};
 use crate::shapes::{Kind, Shape};
 
-/// How often a comment ping goes out while nothing else does.
-const PING: Duration = Duration::from_secs(5);
-
 struct StreamState {
     running: Running,
     shape: Shape,
@@ -39,7 +36,8 @@ struct StreamState {
 }
 
 /// The SSE response for a running request.
-pub fn respond(running: Running, shape: Shape, include_usage: bool) -> Response {
+/// `ping`: the quiet time after which a comment ping goes out.
+pub fn respond(running: Running, shape: Shape, include_usage: bool, ping: Duration) -> Response {
     let n = running.n_choices();
     let parsers = (0..n).map(|_| shape.output.as_ref().map(|p| p.parser())).collect();
     let mut st = StreamState {
@@ -73,7 +71,7 @@ pub fn respond(running: Running, shape: Shape, include_usage: bool) -> Response 
             }
         }
     });
-    Sse::new(events).keep_alive(KeepAlive::new().interval(PING).text("ping")).into_response()
+    Sse::new(events).keep_alive(KeepAlive::new().interval(ping).text("ping")).into_response()
 }
 
 impl StreamState {

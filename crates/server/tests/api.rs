@@ -273,3 +273,23 @@ async fn speculative_requests_answer_the_same_and_are_counted() {
     }
     s.assert_idle_and_clean().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_streams_get_comment_pings_while_a_long_prompt_is_computed() {
+    let config = ServerConfig { sse_ping: Duration::from_millis(20), ..Default::default() };
+    let Some(s) = common::start(config, engine_config()).await else { return };
+    let words = ["harpoon", "whale", "ship", "captain", "ocean", "sail", "storm", "island"];
+    let long: String = (0..200).map(|i| format!("{}{} ", words[i % 8], i)).collect();
+    let mut req = chat(&long, 2);
+    req["stream"] = json!(true);
+    let res = s.http.post(s.url("/v1/chat/completions")).json(&req).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    let body = res.text().await.unwrap();
+    let lines: Vec<&str> = body.lines().filter(|l| !l.is_empty()).collect();
+    let first_ping = lines.iter().position(|l| l.starts_with(':')).expect("a comment ping");
+    let data: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].starts_with("data: ")).collect();
+    // The prompt takes far longer than 20 ms: a ping went out before the answer's text did.
+    assert!(data.len() >= 2 && first_ping < data[1], "{body}");
+    assert_eq!(lines.last(), Some(&"data: [DONE]"));
+    s.assert_idle_and_clean().await;
+}

@@ -59,6 +59,10 @@ pub struct Args {
     /// `reasoning_content`; `none`: left in `content`.
     #[arg(long, default_value = "auto", value_parser = ["none", "deepseek", "auto"], value_name = "FORMAT")]
     pub reasoning_format: String,
+    /// Seconds a stream may stay quiet (a long prompt being computed) before a comment ping
+    /// goes out, so that proxies keep the connection open.
+    #[arg(long, default_value_t = 5.0, value_name = "SECONDS")]
+    pub sse_ping: f64,
 }
 
 pub fn run(args: Args) -> Result<u8> {
@@ -105,6 +109,9 @@ fn server_config(args: &Args) -> Result<ServerConfig> {
     if args.body_limit == 0 || args.timeout == 0 {
         bail!("--body-limit and --timeout must be at least 1");
     }
+    if !(0.01..=3600.0).contains(&args.sse_ping) {
+        bail!("--sse-ping must be between 0.01 and 3600 seconds");
+    }
     Ok(ServerConfig {
         host: args.host.clone(),
         port: args.port,
@@ -116,6 +123,7 @@ fn server_config(args: &Args) -> Result<ServerConfig> {
         body_limit: args.body_limit.saturating_mul(1 << 20),
         shutdown_grace: Duration::from_secs(args.shutdown_grace),
         reasoning_format: onebit_server::parse_reasoning_format(&args.reasoning_format).map_err(anyhow::Error::msg)?,
+        sse_ping: Duration::from_secs_f64(args.sse_ping),
     })
 }
 
