@@ -66,6 +66,8 @@ pub struct Engine {
     guidance: OnceLock<Result<constraint::Guidance, String>>,
     template: Option<ChatTemplate>,
     template_source: Option<String>,
+    /// The draft model of speculative decoding (`--model-draft`), if any.
+    draft: Option<Model>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -80,7 +82,14 @@ impl Engine {
         let tokenizer = Tokenizer::from_metadata(&model.gguf().metadata())?;
         let template_source = tokenizer.chat_template().map(str::to_string);
         let template = template_source.as_deref().map(ChatTemplate::new).transpose()?;
-        Ok(Engine { model, tokenizer: Arc::new(tokenizer), template, template_source, guidance: OnceLock::new() })
+        Ok(Engine {
+            model,
+            tokenizer: Arc::new(tokenizer),
+            template,
+            template_source,
+            guidance: OnceLock::new(),
+            draft: None,
+        })
     }
 
     /// Render chats with `source` instead of the model's own template (`--chat-template-file`).
@@ -97,6 +106,33 @@ impl Engine {
 
     pub fn model(&self) -> &Model {
         &self.model
+    }
+
+    /// Draft with `draft` (`--model-draft`): it must speak the same vocabulary, token for
+    /// token, or its guesses would be other tokens than they seem.
+    pub fn set_draft(&mut self, draft: Model) -> Result<(), EngineError> {
+        let theirs = Tokenizer::from_metadata(&draft.gguf().metadata())?;
+        let (n, m) = (self.model.config().vocab_size, draft.config().vocab_size);
+        let refuse =
+            |why: String| Err(EngineError::Config(format!("the draft model cannot draft for this model: {why}")));
+        if n != m {
+            return refuse(format!("its vocabulary has {m} tokens, this model's {n}"));
+        }
+        let ours = &self.tokenizer;
+        if let Some(id) = (0..n as u32).find(|&id| ours.piece(id, true) != theirs.piece(id, true)) {
+            return refuse(format!(
+                "token {id} is {:?} there and {:?} here",
+                String::from_utf8_lossy(theirs.piece(id, true)),
+                String::from_utf8_lossy(ours.piece(id, true))
+            ));
+        }
+        self.draft = Some(draft);
+        Ok(())
+    }
+
+    /// The draft model, if one was set.
+    pub fn draft(&self) -> Option<&Model> {
+        self.draft.as_ref()
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {

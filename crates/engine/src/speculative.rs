@@ -25,6 +25,8 @@ pub enum SpecMode {
     Off,
     /// Drafts from the sequence's own context (n-gram lookup).
     Lookup,
+    /// Drafts from a smaller model with the same vocabulary (`--model-draft`), greedily.
+    Draft,
 }
 
 impl std::str::FromStr for SpecMode {
@@ -33,8 +35,8 @@ impl std::str::FromStr for SpecMode {
         match s {
             "off" | "none" => Ok(SpecMode::Off),
             "lookup" | "ngram" => Ok(SpecMode::Lookup),
-            "draft" => Err("a draft model is not supported yet; use lookup or off".into()),
-            _ => Err(format!("unknown speculative mode {s:?}: use lookup or off")),
+            "draft" => Ok(SpecMode::Draft),
+            _ => Err(format!("unknown speculative mode {s:?}: use lookup, draft or off")),
         }
     }
 }
@@ -44,12 +46,13 @@ impl std::fmt::Display for SpecMode {
         f.write_str(match self {
             SpecMode::Off => "off",
             SpecMode::Lookup => "lookup",
+            SpecMode::Draft => "draft",
         })
     }
 }
 
 /// Speculative decoding settings (the scheduler's default; a request may override them).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Speculation {
     pub mode: SpecMode,
     /// Drafted tokens per sequence and step, at most (`--draft-max`).
@@ -59,6 +62,9 @@ pub struct Speculation {
     /// The longest and shortest context suffix matched (`--spec-ngram-max`, `--spec-ngram-min`).
     pub ngram_max: usize,
     pub ngram_min: usize,
+    /// A draft model's drafting stops at a token it gives less than this probability
+    /// (`--draft-p-min`).
+    pub p_min: f32,
     /// Draft only where it is expected to pay (off: always draft what the lookup finds, which
     /// tests and measurements of the verification itself want).
     pub adaptive: bool,
@@ -66,7 +72,15 @@ pub struct Speculation {
 
 impl Default for Speculation {
     fn default() -> Self {
-        Speculation { mode: SpecMode::Off, draft_max: 16, draft_min: 1, ngram_max: 4, ngram_min: 2, adaptive: true }
+        Speculation {
+            mode: SpecMode::Off,
+            draft_max: 16,
+            draft_min: 1,
+            ngram_max: 4,
+            ngram_min: 2,
+            p_min: 0.75,
+            adaptive: true,
+        }
     }
 }
 
@@ -80,6 +94,7 @@ impl Speculation {
         self.mode = o.mode.unwrap_or(self.mode);
         self.draft_max = o.draft_max.unwrap_or(self.draft_max);
         self.draft_min = o.draft_min.unwrap_or(self.draft_min);
+        self.p_min = o.p_min.unwrap_or(self.p_min);
         self.adaptive = o.adaptive.unwrap_or(self.adaptive);
         self
     }
@@ -87,11 +102,12 @@ impl Speculation {
 
 /// A request's speculative decoding choices; what it leaves out comes from the scheduler's
 /// [`Speculation`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SpecOverride {
     pub mode: Option<SpecMode>,
     pub draft_max: Option<usize>,
     pub draft_min: Option<usize>,
+    pub p_min: Option<f32>,
     pub adaptive: Option<bool>,
 }
 
@@ -209,35 +225,44 @@ impl StepCost {
     }
 }
 
+/// Drafted tokens per sequence before any step was timed.
+const FIRST_DRAFT: usize = 2;
+
 /// How many drafted tokens each candidate sequence puts into a step.
 ///
 /// `base_tokens` are the step's tokens without drafts and `base_yield` the tokens it is expected
-/// to produce; `candidates` holds each drafting sequence's acceptance rate and draft length.
+/// to produce; `candidates` holds each drafting sequence's acceptance rate, draft length, and the
+/// seconds a drafted token costs before the step (a draft model's pass; 0 for a lookup).
 /// Drafted tokens are added best first (a sequence's k-th token is worth `rate^k`) while each
 /// raises the step's expected tokens per second.
-pub fn choose_drafts(cost: &StepCost, base_tokens: usize, base_yield: f64, candidates: &[(f64, usize)]) -> Vec<usize> {
+pub fn choose_drafts(
+    cost: &StepCost,
+    base_tokens: usize,
+    base_yield: f64,
+    candidates: &[(f64, usize, f64)],
+) -> Vec<usize> {
     let mut take = vec![0; candidates.len()];
     let Some((fixed, per_token)) = cost.model() else {
-        // No step timed yet: draft fully once, which also times a longer step.
-        return candidates.iter().map(|&(_, len)| len).collect();
+        // No step timed yet: draft a little, which also times a longer step.
+        return candidates.iter().map(|&(_, len, _)| len.min(FIRST_DRAFT)).collect();
     };
     let mut time = fixed + per_token * base_tokens as f64;
     let mut value = base_yield;
     loop {
-        // The next token of the sequence whose next token is worth most.
+        // The next token of the sequence whose next token is worth most for its cost.
         let best = candidates
             .iter()
             .enumerate()
-            .filter(|&(i, &(_, len))| take[i] < len)
-            .map(|(i, &(rate, _))| (i, rate.powi(take[i] as i32 + 1)))
-            .max_by(|a, b| a.1.total_cmp(&b.1));
-        let Some((i, worth)) = best else { break };
-        // Worth adding when worth / per_token > value / time.
-        if worth * time <= value * per_token {
+            .filter(|&(i, &(_, len, _))| take[i] < len)
+            .map(|(i, &(rate, _, extra))| (i, rate.powi(take[i] as i32 + 1), per_token + extra))
+            .max_by(|a, b| (a.1 / a.2).total_cmp(&(b.1 / b.2)));
+        let Some((i, worth, price)) = best else { break };
+        // Worth adding when worth / price > value / time.
+        if worth * time <= value * price {
             break;
         }
         take[i] += 1;
-        time += per_token;
+        time += price;
         value += worth;
     }
     take
@@ -283,16 +308,19 @@ mod tests {
             c.observe(n, 0.010 + 0.001 * n as f64);
         }
         // A good drafter drafts its whole draft, a hopeless one nothing.
-        assert_eq!(choose_drafts(&c, 1, 1.0, &[(0.9, 8)]), vec![8]);
-        assert_eq!(choose_drafts(&c, 1, 1.0, &[(0.05, 8)]), vec![0]);
+        assert_eq!(choose_drafts(&c, 1, 1.0, &[(0.9, 8, 0.0)]), vec![8]);
+        assert_eq!(choose_drafts(&c, 1, 1.0, &[(0.05, 8, 0.0)]), vec![0]);
+        // A sure draft that costs as much as a step to make does not pay.
+        assert_eq!(choose_drafts(&c, 1, 1.0, &[(1.0, 8, 0.011)]), vec![0]);
+        assert_eq!(choose_drafts(&c, 1, 1.0, &[(1.0, 8, 0.001)]), vec![8]);
         // Compute-bound: a token costs as much as a step; only a near-certain draft pays.
         let mut c = StepCost::default();
         for i in 0..100 {
             let n = 1 + i % 5;
             c.observe(n, 0.010 * n as f64);
         }
-        assert_eq!(choose_drafts(&c, 1, 1.0, &[(0.6, 8)]), vec![0]);
-        assert_eq!(choose_drafts(&c, 8, 8.0, &[(0.6, 8), (0.6, 8)]), vec![0, 0]);
+        assert_eq!(choose_drafts(&c, 1, 1.0, &[(0.6, 8, 0.0)]), vec![0]);
+        assert_eq!(choose_drafts(&c, 8, 8.0, &[(0.6, 8, 0.0), (0.6, 8, 0.0)]), vec![0, 0]);
     }
 
     #[test]

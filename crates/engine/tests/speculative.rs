@@ -16,7 +16,12 @@ fn start(e: &Arc<Engine>, parallel: usize) -> Scheduler {
 }
 
 fn spec(adaptive: bool, draft_max: usize) -> SpecOverride {
-    SpecOverride { mode: Some(SpecMode::Lookup), draft_max: Some(draft_max), adaptive: Some(adaptive), draft_min: None }
+    SpecOverride {
+        mode: Some(SpecMode::Lookup),
+        draft_max: Some(draft_max),
+        adaptive: Some(adaptive),
+        ..SpecOverride::default()
+    }
 }
 
 /// Prompts with something to look up (repeated phrases, lists, code) and without.
@@ -231,4 +236,86 @@ fn sampled_tokens_at_verified_positions_follow_the_models_distribution() {
     let a = 2.0 / (9.0 * df);
     let critical = df * (1.0 - a + 3.09 * a.sqrt()).powi(3);
     assert!(chi2 < critical, "chi-square {chi2:.1} over {df} degrees of freedom (critical {critical:.1})");
+}
+
+fn with_draft(target: &str, draft: &str) -> Option<Result<Arc<Engine>, onebit_engine::EngineError>> {
+    let load = |name: &str| -> Option<Model> {
+        let path = onebit_testkit::shared_file(&format!("models/{name}"))?;
+        Some(Model::load(path, &ModelOptions::default()).unwrap())
+    };
+    let mut e = Engine::new(load(target)?).unwrap();
+    Some(e.set_draft(load(draft)?).map(|()| Arc::new(e)))
+}
+
+fn draft_spec(adaptive: bool) -> SpecOverride {
+    SpecOverride {
+        mode: Some(SpecMode::Draft),
+        draft_max: Some(6),
+        adaptive: Some(adaptive),
+        p_min: Some(0.0),
+        ..SpecOverride::default()
+    }
+}
+
+/// A draft model guesses, the target decides: the same tokens as without it, for a draft that
+/// is the target itself (every guess kept), another quantization of it, and another model with
+/// the same vocabulary.
+#[test]
+fn a_draft_model_leaves_the_tokens_unchanged() {
+    for (target, draft, all_kept) in [
+        ("qwen3-q1_0.gguf", "qwen3-q1_0.gguf", true),
+        ("qwen3-q2_0.gguf", "qwen3-q8_0.gguf", false),
+        ("llama-q4_1.gguf", "qwen3-tq2_0.gguf", false),
+    ] {
+        let Some(e) = with_draft(target, draft) else { return };
+        let e = e.unwrap();
+        let s = start(&e, 4);
+        let (mut drafted, mut kept) = (0, 0);
+        for text in PROMPTS.iter().take(10) {
+            let ids = e.tokenize(text, true).unwrap();
+            let plain = generate(&s, &ids, request(SamplingParams::greedy(), 64, SpecOverride::default()));
+            for sp in [draft_spec(false), draft_spec(true)] {
+                let got = generate(&s, &ids, request(SamplingParams::greedy(), 64, sp));
+                assert_eq!(got.ids, plain.ids, "{target} drafted by {draft} ({sp:?}) on {text:?}");
+                if sp.adaptive == Some(false) {
+                    drafted += got.drafted;
+                    kept += got.accepted;
+                }
+            }
+        }
+        assert!(drafted > 0, "{target} drafted by {draft}: nothing drafted");
+        if all_kept {
+            assert_eq!(kept, drafted, "a model drafting for itself is always right");
+        }
+        // Several drafting sequences at once, beside one that does not draft.
+        let prompts: Vec<Vec<u32>> = PROMPTS.iter().skip(10).take(4).map(|p| e.tokenize(p, true).unwrap()).collect();
+        let want: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| generate(&s, p, request(SamplingParams::greedy(), 48, SpecOverride::default())).ids)
+            .collect();
+        let handles: Vec<_> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let sp = if i == 3 { SpecOverride::default() } else { draft_spec(false) };
+                s.submit(p.clone(), request(SamplingParams::greedy(), 48, sp)).unwrap()
+            })
+            .collect();
+        for (h, want) in handles.into_iter().zip(want) {
+            assert_eq!(h.wait(|_| Flow::Continue).unwrap().ids, want);
+        }
+        s.check_blocks().unwrap();
+    }
+}
+
+#[test]
+fn a_draft_model_with_another_vocabulary_is_refused() {
+    let Some(r) = with_draft("llama-q4_1.gguf", "qwen3-q1_0.gguf") else { return };
+    let msg = r.expect_err("refused").to_string();
+    assert!(msg.contains("vocabulary"), "{msg}");
+    // Asking for a draft model that is not there is an error too, before any work.
+    let Some(e) = fixture_engine("qwen3-q1_0.gguf") else { return };
+    let s = start(&e, 1);
+    let err = s.submit(vec![1, 2, 3], request(SamplingParams::greedy(), 4, draft_spec(true))).err().unwrap();
+    assert!(err.to_string().contains("draft model"), "{err}");
 }

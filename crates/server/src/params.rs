@@ -79,10 +79,10 @@ pub struct GenFields {
     /// Not served: refused rather than ignored, since a client relying on it would get output
     /// it cannot use.
     pub echo: Option<bool>,
-    /// Speculative decoding for this request: `{"mode": "lookup" | "off", "n_max": N, "n_min": N}`.
+    /// Speculative decoding for this request:
+    /// `{"mode": "lookup" | "draft" | "off", "n_max": N, "n_min": N, "p_min": P}`.
     pub speculative: Option<Json>,
-    /// llama-server's flat names for the draft bounds (`p_min` is taken and has no effect: it
-    /// applies to a draft model's probabilities, and lookup drafts have none).
+    /// llama-server's flat names for the draft bounds and the draft model's `p_min`.
     #[serde(rename = "speculative.n_max")]
     pub speculative_n_max: Option<i64>,
     #[serde(rename = "speculative.n_min")]
@@ -197,9 +197,16 @@ impl GenFields {
                 Some(n) => Err(ApiError::field(field, format!("must be between 0 and {MAX_DRAFT}, not {n}"))),
             }
         };
+        let p_min = match self.speculative_p_min {
+            Some(p) if !(0.0..=1.0).contains(&p) => {
+                return Err(ApiError::field("speculative.p_min", format!("must be between 0 and 1, not {p}")));
+            }
+            p => p.map(|p| p as f32),
+        };
         let mut o = SpecOverride {
             draft_max: count("speculative.n_max", self.speculative_n_max)?,
             draft_min: count("speculative.n_min", self.speculative_n_min)?,
+            p_min,
             ..SpecOverride::default()
         };
         let Some(spec) = &self.speculative else { return Ok(o) };
@@ -218,7 +225,11 @@ impl GenFields {
                     let n = count(&field, Some(n))?;
                     if key == "n_max" { o.draft_max = n } else { o.draft_min = n }
                 }
-                "p_min" => {}
+                "p_min" => {
+                    let p = v.as_f64().filter(|p| (0.0..=1.0).contains(p));
+                    o.p_min =
+                        Some(p.ok_or_else(|| ApiError::field("speculative.p_min", "must be between 0 and 1"))? as f32);
+                }
                 other => return Err(ApiError::field("speculative", format!("unknown setting {other:?}"))),
             }
         }

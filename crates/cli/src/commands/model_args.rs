@@ -99,10 +99,17 @@ pub struct EngineArgs {
 /// Speculative decoding: drafts verified in the batched pass, output unchanged.
 #[derive(clap::Args, Clone, Debug)]
 pub struct SpecArgs {
-    /// Speculative decoding: lookup (drafts from the context's own n-grams) or off. Drafts are
-    /// taken only where they are expected to pay, and the output is the same either way.
-    #[arg(long = "spec", default_value = "off", value_name = "MODE")]
-    pub mode: SpecMode,
+    /// Speculative decoding: lookup (drafts from the context's own n-grams), draft (drafts from
+    /// --model-draft) or off [default: draft with --model-draft, else off]. Drafts are taken
+    /// only where they are expected to pay, and the output is the same either way.
+    #[arg(long = "spec", value_name = "MODE")]
+    pub mode: Option<SpecMode>,
+    /// A small model with the same vocabulary that drafts for the main one (llama.cpp's -md).
+    #[arg(long = "model-draft", visible_alias = "md", value_name = "FILE")]
+    pub model_draft: Option<PathBuf>,
+    /// A draft model's drafting stops at a token it gives less than this probability.
+    #[arg(long = "draft-p-min", default_value_t = 0.75, value_name = "P")]
+    pub p_min: f32,
     /// Drafted tokens per sequence and step, at most.
     #[arg(long = "draft-max", visible_alias = "draft", default_value_t = 16, value_name = "N")]
     pub draft_max: usize,
@@ -118,9 +125,19 @@ pub struct SpecArgs {
 }
 
 impl SpecArgs {
+    /// Load `--model-draft` (with the main model's options) into `engine`.
+    pub fn attach_draft(&self, engine: &mut Engine, model: &ModelArgs) -> Result<()> {
+        let Some(path) = &self.model_draft else { return Ok(()) };
+        let draft = Model::load(path, &model.options()).with_context(|| format!("loading {}", path.display()))?;
+        engine.set_draft(draft).with_context(|| format!("drafting with {}", path.display()))?;
+        Ok(())
+    }
+
     pub fn speculation(&self) -> Speculation {
+        let default = if self.model_draft.is_some() { SpecMode::Draft } else { SpecMode::Off };
         Speculation {
-            mode: self.mode,
+            mode: self.mode.unwrap_or(default),
+            p_min: self.p_min,
             draft_max: self.draft_max,
             draft_min: self.draft_min,
             ngram_max: self.ngram_max.max(1),
@@ -148,7 +165,9 @@ impl EngineArgs {
 pub fn start_engine(model: &ModelArgs, engine: &EngineArgs, ui: &super::ui::Ui) -> Result<(Arc<Engine>, Scheduler)> {
     let loaded = model.load_with(ui)?;
     let ctx = model.ctx(&loaded);
-    let engine_ = Arc::new(Engine::new(loaded)?);
+    let mut engine_ = Engine::new(loaded)?;
+    engine.spec.attach_draft(&mut engine_, model)?;
+    let engine_ = Arc::new(engine_);
     let scheduler = Scheduler::start(Arc::clone(&engine_), model.pool(), engine.config(ctx, 1))?;
     Ok((engine_, scheduler))
 }

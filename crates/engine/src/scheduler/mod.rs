@@ -23,6 +23,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod draft;
 mod sequence;
 mod worker;
 
@@ -36,13 +37,13 @@ use onebit_model::{BLOCK_TOKENS, KvPool, human_bytes};
 
 pub use crate::blocks::BlockCounts;
 use crate::request::{EventSink, GenerateRequest, RequestHandle};
-use crate::speculative::Speculation;
+use crate::speculative::{SpecMode, Speculation};
 use crate::{Engine, EngineError};
 use sequence::Sequence;
 pub use sequence::SequenceInfo;
 
 /// How the engine serves requests. Every field is a command-line option of the same name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SchedulerConfig {
     /// Sequences in the batch at once (`--parallel`, llama.cpp's `-np`).
     pub parallel: usize,
@@ -148,10 +149,11 @@ impl Scheduler {
         let config = resolve(&engine, config)?;
         let model = engine.model();
         let kv = model.new_pool(config.kv_size / BLOCK_TOKENS)?;
+        let drafter = engine.draft().map(|d| draft::Drafter::new(d, kv.n_blocks())).transpose()?;
         let shared = Arc::new(Shared { in_flight: AtomicUsize::new(0), next_id: AtomicU64::new(1) });
         let (tx, rx) = mpsc::channel();
         let vocab = model.config().vocab_size;
-        let worker = worker::Worker::new(Arc::clone(&engine), pool, kv, config, rx, Arc::clone(&shared));
+        let worker = worker::Worker::new(Arc::clone(&engine), pool, kv, drafter, config, rx, Arc::clone(&shared));
         let worker = std::thread::Builder::new()
             .name("onebit-engine".into())
             .spawn(move || worker.run())
@@ -185,6 +187,10 @@ impl Scheduler {
         // Compiled here, on the caller's thread: a bad grammar fails before anything is queued,
         // and the engine loop never waits for a compilation.
         let constraint = req.constraint.as_ref().map(|c| self.engine.constraint_state(c)).transpose()?;
+        let spec = self.config.speculative.with(&req.speculative);
+        if spec.mode == SpecMode::Draft && self.engine.draft().is_none() {
+            return Err(EngineError::BadRequest("speculative mode draft needs a draft model (--model-draft)".into()));
+        }
         let limit = self.config.parallel + self.config.queue_size;
         if self.shared.in_flight.fetch_add(1, Ordering::AcqRel) >= limit {
             self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -192,7 +198,6 @@ impl Scheduler {
         }
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let cancel = Arc::new(AtomicBool::new(false));
-        let spec = self.config.speculative.with(&req.speculative);
         let seq = Sequence::new(id, prompt, req, Box::new(sink), Arc::clone(&cancel), constraint, spec);
         if self.tx.send(Command::Submit(Box::new(seq))).is_err() {
             self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -266,6 +271,9 @@ fn resolve(engine: &Engine, mut c: SchedulerConfig) -> Result<SchedulerConfig, E
     let bad = |m: String| Err(EngineError::Config(m));
     if c.parallel == 0 || c.batch_size == 0 {
         return bad("--parallel and --batch-size must be at least 1".into());
+    }
+    if c.speculative.mode == SpecMode::Draft && engine.draft().is_none() {
+        return bad("--spec draft needs a draft model: give it with --model-draft".into());
     }
     let model = engine.model().config();
     if c.ctx_size < 2 {

@@ -54,6 +54,13 @@ pub(crate) struct Sequence {
     pub predicted: Option<u32>,
     pub drafted: usize,
     pub accepted: usize,
+    /// The draft model's block table and how many leading tokens its cache holds.
+    pub draft_blocks: Vec<u32>,
+    pub draft_computed: usize,
+    /// Steps since this sequence last drafted (a draft model's acceptance is learnt only by
+    /// drafting, so a sequence that stopped tries again now and then).
+    pub undrafted_steps: usize,
+    pub probe_every: usize,
     sampler: Sampler,
     stops: StopMatcher,
     decoder: StreamDecoder,
@@ -110,6 +117,10 @@ impl Sequence {
             predicted: None,
             drafted: 0,
             accepted: 0,
+            draft_blocks: Vec::new(),
+            draft_computed: 0,
+            undrafted_steps: 0,
+            probe_every: super::draft::PROBE_FIRST,
             sampler,
             stops: StopMatcher::new(&req.stop),
             decoder: StreamDecoder::new(),

@@ -16,17 +16,18 @@ use std::time::Instant;
 use onebit_kernels::{PerThread, Pool};
 use onebit_model::{BLOCK_TOKENS, KvPool, LogitsWanted, Scratch, SeqInput};
 
+use super::draft::{self, Drafter};
 use super::sequence::{After, Sequence};
 use super::{Command, SchedulerConfig, SchedulerStats, Shared};
 use crate::blocks::BlockManager;
 use crate::constraint::{ConstraintState, apply_mask};
 use crate::request::FinishReason;
 use crate::sampling::{self, Candidate, TokenLogprobs};
-use crate::speculative::{StepCost, choose_drafts, lookup};
+use crate::speculative::StepCost;
 use crate::{Engine, EngineError};
 
 /// (index in `running`, tokens to compute this step), in `running` order.
-type Plan = Vec<(usize, usize)>;
+pub(super) type Plan = Vec<(usize, usize)>;
 
 pub(super) struct Worker {
     engine: Arc<Engine>,
@@ -45,6 +46,8 @@ pub(super) struct Worker {
     stats: SchedulerStats,
     /// What a step costs per token, for deciding whether drafts pay.
     cost: StepCost,
+    /// The draft model's cache (`--model-draft`).
+    drafter: Option<Drafter>,
 }
 
 /// One sequence's draws from its logits, made on a pool thread: one token, or with a draft, one
@@ -76,6 +79,7 @@ impl Worker {
         engine: Arc<Engine>,
         pool: Pool,
         kv: KvPool,
+        drafter: Option<Drafter>,
         config: SchedulerConfig,
         rx: Receiver<Command>,
         shared: Arc<Shared>,
@@ -96,6 +100,7 @@ impl Worker {
             running: Vec::new(),
             stats: SchedulerStats::default(),
             cost: StepCost::default(),
+            drafter,
         }
     }
 
@@ -107,7 +112,13 @@ impl Worker {
             if plan.is_empty() {
                 continue;
             }
-            let plan = self.add_drafts(plan);
+            let plan = match self.drafts(plan) {
+                Ok(plan) => plan,
+                Err(e) => {
+                    self.fail_running(&e);
+                    continue;
+                }
+            };
             if let Err(e) = self.step(&plan) {
                 self.fail_running(&e);
             }
@@ -290,63 +301,12 @@ impl Worker {
         plan
     }
 
-    /// Drafts for the decoding sequences that speculate: as many drafted tokens as pay (see
-    /// [`choose_drafts`]), within the step's token budget and the free blocks (keeping a block
-    /// of headroom per running sequence). They go into the sequences' tokens after the newest
-    /// one, and into the plan.
-    fn add_drafts(&mut self, mut plan: Plan) -> Plan {
-        if !self.running.iter().any(|s| s.spec.is_on()) {
-            return plan;
-        }
-        let ctx = self.config.ctx_size;
-        let mut drafts: Vec<(usize, Vec<u32>)> = Vec::new();
-        for (p, &(i, n)) in plan.iter().enumerate() {
-            let s = &mut self.running[i];
-            s.predicted = None;
-            if n != 1 || s.remaining() != 1 || !s.may_draft() {
-                continue;
-            }
-            let max = s.spec.draft_max.min(s.budget_left(ctx).saturating_sub(1));
-            let draft = lookup(&s.tokens, s.spec.ngram_min, s.spec.ngram_max, max);
-            s.predicted = draft.first().copied();
-            if draft.len() >= s.spec.draft_min.max(1) {
-                drafts.push((p, draft));
-            }
-        }
-        if drafts.is_empty() {
-            return plan;
-        }
-        let base_tokens: usize = plan.iter().map(|e| e.1).sum();
-        let base_yield =
-            plan.iter().filter(|&&(i, n)| self.running[i].n_computed + n == self.running[i].tokens.len()).count();
-        let candidates: Vec<(f64, usize)> =
-            drafts.iter().map(|(p, d)| (self.running[plan[*p].0].acceptance.rate(), d.len())).collect();
-        let mut take = choose_drafts(&self.cost, base_tokens, base_yield as f64, &candidates);
-        for (t, (p, d)) in take.iter_mut().zip(&drafts) {
-            if !self.running[plan[*p].0].spec.adaptive {
-                *t = d.len();
-            }
-        }
-        let mut room = self.config.batch_size.saturating_sub(base_tokens);
-        let mut spare = self.blocks.available().saturating_sub(self.running.len());
-        for ((p, draft), k) in drafts.into_iter().zip(take) {
-            let s = &mut self.running[plan[p].0];
-            let held = s.blocks.len() * BLOCK_TOKENS;
-            let fits = (held + spare * BLOCK_TOKENS).saturating_sub(s.n_computed + 1);
-            let k = k.min(room).min(fits);
-            if k == 0 || k < s.spec.draft_min {
-                continue;
-            }
-            while s.blocks.len() * BLOCK_TOKENS < s.n_computed + 1 + k {
-                s.blocks.push(self.blocks.allocate().expect("counted as spare"));
-                spare -= 1;
-            }
-            s.tokens.extend_from_slice(&draft[..k]);
-            s.n_draft = k;
-            plan[p].1 += k;
-            room -= k;
-        }
-        plan
+    /// The plan with the drafts of the sequences that speculate (see [`draft::add_drafts`]).
+    fn drafts(&mut self, plan: Plan) -> Result<Plan, EngineError> {
+        let Worker { engine, pool, blocks, running, cost, config, drafter, .. } = self;
+        let room = config.batch_size;
+        let parts = draft::Parts { engine, pool, blocks, drafter: drafter.as_mut(), cost, ctx: config.ctx_size, room };
+        draft::add_drafts(plan, running, parts)
     }
 
     /// Run one forward pass for `plan` (computing the grammar masks of constrained sequences
@@ -490,6 +450,9 @@ impl Worker {
         while let Some(b) = seq.blocks.pop() {
             self.blocks.release(b);
         }
+        if let Some(d) = self.drafter.as_mut() {
+            d.release(seq);
+        }
     }
 
     /// End a sequence with an error instead (its blocks back to the pool).
@@ -557,6 +520,8 @@ fn push_verified(
             return after;
         }
     }
+    // The draft cache keeps what the target kept.
+    s.draft_computed = s.draft_computed.min(s.n_computed);
     register_full_blocks(blocks, s);
     After::Continue
 }

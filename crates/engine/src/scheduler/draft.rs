@@ -1,0 +1,257 @@
+//! The draft model of speculative decoding: its own KV pool and block tables beside the
+//! target's, kept in step with each sequence, and greedy drafting for many sequences at once.
+//!
+//! A sequence's draft cache holds the keys and values of its first `draft_computed` tokens. A
+//! drafting step first brings it up to the sequence's newest token (the prompt the first time,
+//! then the tokens the target added), which gives the first guess; each further guess is one
+//! more batched pass over the sequences still drafting. After verification the draft cache is
+//! cut back to what the target kept, as the target's is.
+
+use onebit_kernels::Pool;
+use onebit_model::{BLOCK_TOKENS, KvPool, LogitsWanted, Model, Scratch, SeqInput};
+
+use super::sequence::Sequence;
+use super::worker::Plan;
+use crate::blocks::BlockManager;
+use crate::speculative::{SpecMode, StepCost, choose_drafts, lookup};
+use crate::{Engine, EngineError};
+
+/// A sequence drafting with a model that chose to draft nothing tries one token after this many
+/// steps, so that its acceptance estimate can recover; each probe that does not bring drafting
+/// back doubles the wait (a probe first brings the draft cache up to date, which costs), and
+/// after the longest wait the sequence stops drafting.
+pub(super) const PROBE_FIRST: usize = 8;
+const PROBE_MAX: usize = 32;
+
+/// What drafting needs of the engine loop.
+pub(super) struct Parts<'a> {
+    pub engine: &'a Engine,
+    pub pool: &'a Pool,
+    pub blocks: &'a mut BlockManager,
+    pub drafter: Option<&'a mut Drafter>,
+    pub cost: &'a StepCost,
+    pub ctx: usize,
+    /// The step's token budget (`--batch-size`).
+    pub room: usize,
+}
+
+/// Drafts for the decoding sequences that speculate: as many drafted tokens as pay (see
+/// [`choose_drafts`]), within the step's token budget and the free blocks (keeping a block of
+/// headroom per running sequence). They go into the sequences' tokens after the newest one, and
+/// into the plan.
+pub(super) fn add_drafts(mut plan: Plan, running: &mut [Sequence], parts: Parts<'_>) -> Result<Plan, EngineError> {
+    let Parts { engine, pool, blocks, drafter, cost, ctx, room } = parts;
+    if !running.iter().any(|s| s.spec.is_on()) {
+        return Ok(plan);
+    }
+    // (plan index, the lookup's draft or none for a draft model, longest draft)
+    let mut cands: Vec<(usize, Option<Vec<u32>>, usize)> = Vec::new();
+    for (p, &(i, n)) in plan.iter().enumerate() {
+        let s = &mut running[i];
+        s.predicted = None;
+        if n != 1 || s.remaining() != 1 || !s.may_draft() {
+            continue;
+        }
+        let max = s.spec.draft_max.min(s.budget_left(ctx).saturating_sub(1));
+        match s.spec.mode {
+            SpecMode::Lookup => {
+                let draft = lookup(&s.tokens, s.spec.ngram_min, s.spec.ngram_max, max);
+                s.predicted = draft.first().copied();
+                if draft.len() >= s.spec.draft_min.max(1) {
+                    let len = draft.len();
+                    cands.push((p, Some(draft), len));
+                }
+            }
+            SpecMode::Draft if drafter.is_some() && max >= s.spec.draft_min.max(1) => cands.push((p, None, max)),
+            _ => {}
+        }
+    }
+    if cands.is_empty() {
+        return Ok(plan);
+    }
+    let base_tokens: usize = plan.iter().map(|e| e.1).sum();
+    let base_yield = plan.iter().filter(|&&(i, n)| running[i].n_computed + n == running[i].tokens.len()).count();
+    let guess_cost = drafter.as_ref().map_or(0.0, |d| d.guess_cost());
+    let rates: Vec<(f64, usize, f64)> = cands
+        .iter()
+        .map(|c| {
+            let extra = if c.1.is_none() { guess_cost } else { 0.0 };
+            (running[plan[c.0].0].acceptance.rate(), c.2, extra)
+        })
+        .collect();
+    let mut take = choose_drafts(cost, base_tokens, base_yield as f64, &rates);
+    // Within the budget and the blocks, before any drafting work.
+    let mut room = room.saturating_sub(base_tokens);
+    let mut spare = blocks.available().saturating_sub(running.len());
+    for (t, c) in take.iter_mut().zip(&cands) {
+        let s = &mut running[plan[c.0].0];
+        if !s.spec.adaptive {
+            *t = c.2;
+        }
+        if c.1.is_none() && *t == 0 {
+            s.undrafted_steps += 1;
+            if s.undrafted_steps >= s.probe_every {
+                *t = 1;
+                // Past the last wait the sequence stops drafting for good.
+                s.probe_every = if s.probe_every >= PROBE_MAX { usize::MAX } else { s.probe_every * 2 };
+            }
+        } else if c.1.is_none() {
+            s.probe_every = PROBE_FIRST;
+        }
+        let held = s.blocks.len() * BLOCK_TOKENS;
+        let fits = (held + spare * BLOCK_TOKENS).saturating_sub(s.n_computed + 1);
+        *t = (*t).min(room).min(fits);
+        if *t < s.spec.draft_min.max(1) {
+            *t = 0;
+        }
+        room -= *t;
+        spare -= (s.n_computed + 1 + *t).div_ceil(BLOCK_TOKENS).saturating_sub(s.blocks.len());
+    }
+    // The draft model guesses for the sequences that use it, all together.
+    let wanted: Vec<usize> = cands.iter().zip(&take).map(|(c, &t)| if c.1.is_none() { t } else { 0 }).collect();
+    let mut guessed: Vec<Vec<u32>> = vec![Vec::new(); cands.len()];
+    if let (Some(d), Some(model)) = (drafter, engine.draft())
+        && wanted.iter().any(|&w| w > 0)
+    {
+        let rows: Vec<usize> = cands.iter().map(|c| plan[c.0].0).collect();
+        let mut seqs: Vec<&mut Sequence> =
+            running.iter_mut().enumerate().filter(|(i, _)| rows.contains(i)).map(|(_, s)| s).collect();
+        // `rows` follows the plan, which follows `running`: the same order as `seqs`.
+        guessed = d.propose(model, pool, &mut seqs, &wanted)?;
+    }
+    for ((c, k), guess) in cands.into_iter().zip(take).zip(guessed) {
+        let (p, lookup_draft, _) = c;
+        let s = &mut running[plan[p].0];
+        let draft = match lookup_draft {
+            Some(mut d) => {
+                d.truncate(k);
+                d
+            }
+            None => guess,
+        };
+        if draft.is_empty() || draft.len() < s.spec.draft_min {
+            continue;
+        }
+        s.undrafted_steps = 0;
+        while s.blocks.len() * BLOCK_TOKENS < s.n_computed + 1 + draft.len() {
+            s.blocks.push(blocks.allocate().expect("counted as spare"));
+        }
+        s.n_draft = draft.len();
+        plan[p].1 += draft.len();
+        s.tokens.extend(draft);
+    }
+    Ok(plan)
+}
+
+pub(super) struct Drafter {
+    kv: KvPool,
+    blocks: BlockManager,
+    scratch: Scratch,
+    /// What a guessing pass of the draft model costs (one token per sequence).
+    cost: StepCost,
+}
+
+impl Drafter {
+    /// A draft pool of `n_blocks` blocks (as many as the target's: a sequence never needs
+    /// more positions there).
+    pub fn new(draft: &Model, n_blocks: usize) -> Result<Drafter, EngineError> {
+        Ok(Drafter {
+            kv: draft.new_pool(n_blocks)?,
+            blocks: BlockManager::new(n_blocks, BLOCK_TOKENS),
+            scratch: Scratch::new(),
+            cost: StepCost::default(),
+        })
+    }
+
+    /// Seconds one more guess costs a sequence (a pass of the draft model over one token); 0
+    /// until a pass was timed.
+    pub fn guess_cost(&self) -> f64 {
+        self.cost.model().map_or(0.0, |(fixed, per)| fixed + per)
+    }
+
+    /// Give back a sequence's draft blocks (it ended, or was put back in the queue).
+    pub fn release(&mut self, s: &mut Sequence) {
+        while let Some(b) = s.draft_blocks.pop() {
+            self.blocks.release(b);
+        }
+        s.draft_computed = 0;
+    }
+
+    /// Up to `want[i]` greedy guesses of `draft` for each of `seqs`, each stopping at a guess
+    /// the draft model gives less than the sequence's `p_min`.
+    pub fn propose(
+        &mut self,
+        draft: &Model,
+        pool: &Pool,
+        seqs: &mut [&mut Sequence],
+        want: &[usize],
+    ) -> Result<Vec<Vec<u32>>, EngineError> {
+        let mut out: Vec<Vec<u32>> = vec![Vec::new(); seqs.len()];
+        // Blocks first: a sequence the pool cannot hold drafts nothing.
+        let mut going: Vec<usize> = Vec::new();
+        for (i, s) in seqs.iter_mut().enumerate() {
+            if want[i] == 0 {
+                continue;
+            }
+            // Positions up to the newest token, and one per guess but the last.
+            let need = s.tokens.len() + want[i] - 1;
+            while s.draft_blocks.len() * BLOCK_TOKENS < need {
+                match self.blocks.allocate() {
+                    Some(b) => s.draft_blocks.push(b),
+                    None => break,
+                }
+            }
+            if s.draft_blocks.len() * BLOCK_TOKENS >= need {
+                going.push(i);
+            }
+        }
+        let mut first = true;
+        while !going.is_empty() {
+            let inputs: Vec<SeqInput> = going
+                .iter()
+                .map(|&i| {
+                    let s = &seqs[i];
+                    let tokens = if first { &s.tokens[s.draft_computed..] } else { &out[i][out[i].len() - 1..] };
+                    SeqInput { tokens, start: s.draft_computed, blocks: &s.draft_blocks, logits: LogitsWanted::Last }
+                })
+                .collect();
+            let computed: Vec<usize> = inputs.iter().map(|x| x.tokens.len()).collect();
+            let t = std::time::Instant::now();
+            let logits = draft.forward(pool, &mut self.kv, &inputs, &mut self.scratch)?;
+            if computed.iter().all(|&n| n == 1) {
+                // Passes of one token per sequence only (not those catching up on a context).
+                self.cost.observe(computed.len(), t.elapsed().as_secs_f64());
+            }
+            drop(inputs);
+            let mut still = Vec::with_capacity(going.len());
+            for (p, &i) in going.iter().enumerate() {
+                let s = &mut seqs[i];
+                s.draft_computed += computed[p];
+                let row = logits.last(p).ok_or_else(|| EngineError::Internal("no draft logits".into()))?;
+                let (id, prob) = top(row);
+                if prob < s.spec.p_min {
+                    continue;
+                }
+                out[i].push(id);
+                if out[i].len() < want[i] {
+                    still.push(i);
+                }
+            }
+            going = still;
+            first = false;
+        }
+        Ok(out)
+    }
+}
+
+/// The most likely token of `logits` and its probability.
+fn top(logits: &[f32]) -> (u32, f32) {
+    let (mut best, mut max) = (0, f32::NEG_INFINITY);
+    for (i, &x) in logits.iter().enumerate() {
+        if x > max {
+            (best, max) = (i, x);
+        }
+    }
+    let z: f32 = logits.iter().map(|&x| (x - max).exp()).sum();
+    (best as u32, 1.0 / z)
+}
