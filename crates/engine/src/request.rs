@@ -130,9 +130,7 @@ impl Completion {
     pub fn decode_rate(&self) -> f64 {
         rate(self.usage.completion_tokens, self.timings.decode)
     }
-}
 
-impl Completion {
     /// The share of drafted tokens that were kept (none: nothing was drafted).
     pub fn acceptance_rate(&self) -> Option<f64> {
         (self.drafted > 0).then(|| self.accepted as f64 / self.drafted as f64)

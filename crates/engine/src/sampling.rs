@@ -92,7 +92,7 @@ impl SamplingParams {
 /// Above this, every token is about as likely as any other: a larger value is a mistake.
 pub const MAX_TEMPERATURE: f32 = 10.0;
 
-fn in_range(field: &'static str, v: f32, lo: f32, hi: f32) -> Result<(), ParamError> {
+pub(crate) fn in_range(field: &'static str, v: f32, lo: f32, hi: f32) -> Result<(), ParamError> {
     if v.is_finite() && (lo..=hi).contains(&v) {
         return Ok(());
     }

@@ -1,8 +1,9 @@
-//! Speculative decoding by prompt lookup: drafts taken from a sequence's own context, verified
-//! in the same batched forward pass as everything else, kept only where the target agrees.
+//! Speculative decoding: drafts taken from a sequence's own context (prompt lookup) or guessed
+//! by a draft model (`scheduler/draft.rs`), verified in the same batched forward pass as
+//! everything else, kept only where the target agrees.
 //!
-//! A draft is the continuation of the latest earlier occurrence of the context's last n tokens
-//! (longest n first). The target computes the drafted positions together with the sequence's
+//! A lookup draft is the continuation of the latest earlier occurrence of the context's last n
+//! tokens (longest n first); a draft model's is its greedy guesses. The target computes the drafted positions together with the sequence's
 //! newest token and samples each position in order with the sequence's own sampler; a drafted
 //! token is kept while it equals what was sampled. With a deterministic draft this is exactly
 //! speculative sampling (a drafted token survives with the target's probability for it, and a
@@ -16,6 +17,9 @@
 //! token of a sequence goes into the step only while it raises the step's expected tokens per
 //! second, so a batch that is already compute-bound, or a sequence whose drafts keep failing,
 //! drafts nothing.
+
+use crate::ParamError;
+use crate::sampling::in_range;
 
 /// How sequences draft (`--spec`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -111,6 +115,16 @@ pub struct SpecOverride {
     pub adaptive: Option<bool>,
 }
 
+impl SpecOverride {
+    /// Check the request's values against their ranges (the rule `--draft-p-min` follows too).
+    pub fn validate(&self) -> Result<(), ParamError> {
+        match self.p_min {
+            Some(p) => in_range("speculative.p_min", p, 0.0, 1.0),
+            None => Ok(()),
+        }
+    }
+}
+
 /// How far back a lookup searches (tokens): bounds the per-step cost on long contexts.
 const LOOKUP_WINDOW: usize = 8192;
 
@@ -170,7 +184,7 @@ impl Acceptance {
 
 /// The time of a step as `fixed + per_token × tokens`, fitted by least squares over recent
 /// steps (exponentially weighted), with a prior that keeps it defined before the steps vary.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct StepCost {
     w: f64,
     sn: f64,
@@ -183,12 +197,6 @@ pub struct StepCost {
 /// less each, and the fit is for the few tokens drafts add.
 const FIT_MAX_TOKENS: usize = 64;
 const STEP_FORGET: f64 = 0.98;
-
-impl Default for StepCost {
-    fn default() -> Self {
-        StepCost { w: 0.0, sn: 0.0, st: 0.0, snn: 0.0, snt: 0.0 }
-    }
-}
 
 impl StepCost {
     /// A step of `tokens` tokens took `secs`.

@@ -58,24 +58,60 @@ fn request(sampling: SamplingParams, n: usize, speculative: SpecOverride) -> Gen
 
 /// For every prompt: plain, forced-drafting and adaptive runs give the same tokens. Returns
 /// (drafted, kept) over the forced runs.
-fn same_tokens(e: &Arc<Engine>, sampling: SamplingParams, n: usize, parallel: usize) -> (usize, usize) {
-    let s = start(e, parallel);
-    let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| e.tokenize(p, true).unwrap()).collect();
+fn same_tokens(e: &Arc<Engine>, sampling: SamplingParams, n: usize) -> (usize, usize) {
+    same_tokens_with(&start(e, 1), e, &PROMPTS, sampling, n, [spec(false, 8), spec(true, 16)])
+}
+
+/// [`same_tokens`] on `s` for `prompts`, with a forced and an adaptive way of drafting.
+fn same_tokens_with(
+    s: &Scheduler,
+    e: &Engine,
+    prompts: &[&str],
+    sampling: SamplingParams,
+    n: usize,
+    [forced, adaptive]: [SpecOverride; 2],
+) -> (usize, usize) {
     let mut totals = (0, 0);
-    for ids in &prompts {
-        let plain = generate(&s, ids, request(sampling.clone(), n, SpecOverride::default()));
+    for text in prompts {
+        let ids = e.tokenize(text, true).unwrap();
+        let plain = generate(s, &ids, request(sampling.clone(), n, SpecOverride::default()));
         assert_eq!(plain.drafted, 0);
-        for sp in [spec(false, 8), spec(true, 16)] {
-            let got = generate(&s, ids, request(sampling.clone(), n, sp));
-            assert_eq!(got.ids, plain.ids, "with {sp:?} on {ids:?}");
+        for sp in [forced, adaptive] {
+            let got = generate(s, &ids, request(sampling.clone(), n, sp));
+            assert_eq!(got.ids, plain.ids, "with {sp:?} on {text:?}");
             assert_eq!(got.text, plain.text);
-            if sp.adaptive == Some(false) {
+            if sp == forced {
                 totals.0 += got.drafted;
                 totals.1 += got.accepted;
             }
         }
     }
     totals
+}
+
+/// `prompts` submitted all at once, each drafting as `spec_for(i)` says, give the tokens they
+/// give alone without drafting; no block is left behind.
+fn same_tokens_together(
+    s: &Scheduler,
+    e: &Engine,
+    prompts: &[&str],
+    n: usize,
+    spec_for: impl Fn(usize) -> SpecOverride,
+) {
+    let prompts: Vec<Vec<u32>> = prompts.iter().map(|p| e.tokenize(p, true).unwrap()).collect();
+    let want: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| generate(s, p, request(SamplingParams::greedy(), n, SpecOverride::default())).ids)
+        .collect();
+    let handles: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| s.submit(p.clone(), request(SamplingParams::greedy(), n, spec_for(i))).unwrap())
+        .collect();
+    for (h, want) in handles.into_iter().zip(want) {
+        assert_eq!(h.wait(|_| Flow::Continue).unwrap().ids, want);
+    }
+    s.check_blocks().unwrap();
 }
 
 fn fixture_engine(name: &str) -> Option<Arc<Engine>> {
@@ -87,7 +123,7 @@ fn fixture_engine(name: &str) -> Option<Arc<Engine>> {
 fn greedy_tokens_are_the_same_with_drafts_on_fixture_models() {
     for name in ["qwen3-q1_0.gguf", "llama-q4_1.gguf", "qwen2-q4_0.gguf", "qwen3-tq2_0.gguf"] {
         let Some(e) = fixture_engine(name) else { return };
-        let (drafted, kept) = same_tokens(&e, SamplingParams::greedy(), 128, 1);
+        let (drafted, kept) = same_tokens(&e, SamplingParams::greedy(), 128);
         // Random weights repeat themselves: the lookup finds drafts and some are kept.
         assert!(drafted > 0 && kept > 0, "{name}: drafted {drafted}, kept {kept}");
     }
@@ -97,34 +133,18 @@ fn greedy_tokens_are_the_same_with_drafts_on_fixture_models() {
 fn greedy_and_seeded_tokens_are_the_same_with_drafts_on_the_demo_model() {
     let Some(path) = onebit_testkit::demo_model() else { return };
     let e = Arc::new(Engine::new(Model::load(path, &ModelOptions::default()).unwrap()).unwrap());
-    let (drafted, kept) = same_tokens(&e, SamplingParams::greedy(), 128, 1);
+    let (drafted, kept) = same_tokens(&e, SamplingParams::greedy(), 128);
     assert!(drafted > 0 && kept > 0, "drafted {drafted}, kept {kept}");
     let seeded = SamplingParams { temperature: 0.8, seed: Some(7), ..SamplingParams::default() };
-    same_tokens(&e, seeded, 48, 1);
+    same_tokens(&e, seeded, 48);
 }
 
 #[test]
 fn drafting_sequences_share_steps_with_others() {
     let Some(e) = fixture_engine("qwen3-q8_0.gguf") else { return };
-    let s = start(&e, 4);
-    let prompts: Vec<Vec<u32>> = PROMPTS.iter().take(8).map(|p| e.tokenize(p, true).unwrap()).collect();
-    let want: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| generate(&s, p, request(SamplingParams::greedy(), 64, SpecOverride::default())).ids)
-        .collect();
     // Half draft, half do not, all at once.
-    let handles: Vec<_> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let sp = if i % 2 == 0 { spec(false, 6) } else { SpecOverride::default() };
-            s.submit(p.clone(), request(SamplingParams::greedy(), 64, sp)).unwrap()
-        })
-        .collect();
-    for (h, want) in handles.into_iter().zip(want) {
-        assert_eq!(h.wait(|_| Flow::Continue).unwrap().ids, want);
-    }
-    s.check_blocks().unwrap();
+    let spec_for = |i: usize| if i.is_multiple_of(2) { spec(false, 6) } else { SpecOverride::default() };
+    same_tokens_together(&start(&e, 4), &e, &PROMPTS[..8], 64, spec_for);
 }
 
 fn argmax(row: &[f32]) -> u32 {
@@ -270,41 +290,15 @@ fn a_draft_model_leaves_the_tokens_unchanged() {
         let Some(e) = with_draft(target, draft) else { return };
         let e = e.unwrap();
         let s = start(&e, 4);
-        let (mut drafted, mut kept) = (0, 0);
-        for text in PROMPTS.iter().take(10) {
-            let ids = e.tokenize(text, true).unwrap();
-            let plain = generate(&s, &ids, request(SamplingParams::greedy(), 64, SpecOverride::default()));
-            for sp in [draft_spec(false), draft_spec(true)] {
-                let got = generate(&s, &ids, request(SamplingParams::greedy(), 64, sp));
-                assert_eq!(got.ids, plain.ids, "{target} drafted by {draft} ({sp:?}) on {text:?}");
-                if sp.adaptive == Some(false) {
-                    drafted += got.drafted;
-                    kept += got.accepted;
-                }
-            }
-        }
+        let ways = [draft_spec(false), draft_spec(true)];
+        let (drafted, kept) = same_tokens_with(&s, &e, &PROMPTS[..10], SamplingParams::greedy(), 64, ways);
         assert!(drafted > 0, "{target} drafted by {draft}: nothing drafted");
         if all_kept {
             assert_eq!(kept, drafted, "a model drafting for itself is always right");
         }
         // Several drafting sequences at once, beside one that does not draft.
-        let prompts: Vec<Vec<u32>> = PROMPTS.iter().skip(10).take(4).map(|p| e.tokenize(p, true).unwrap()).collect();
-        let want: Vec<Vec<u32>> = prompts
-            .iter()
-            .map(|p| generate(&s, p, request(SamplingParams::greedy(), 48, SpecOverride::default())).ids)
-            .collect();
-        let handles: Vec<_> = prompts
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let sp = if i == 3 { SpecOverride::default() } else { draft_spec(false) };
-                s.submit(p.clone(), request(SamplingParams::greedy(), 48, sp)).unwrap()
-            })
-            .collect();
-        for (h, want) in handles.into_iter().zip(want) {
-            assert_eq!(h.wait(|_| Flow::Continue).unwrap().ids, want);
-        }
-        s.check_blocks().unwrap();
+        let spec_for = |i: usize| if i == 3 { SpecOverride::default() } else { draft_spec(false) };
+        same_tokens_together(&s, &e, &PROMPTS[10..14], 48, spec_for);
     }
 }
 

@@ -185,13 +185,8 @@ impl Pool {
             s.wake.notify_all();
         }
         let r = catch_unwind(AssertUnwindSafe(main));
-        let unclaimed = take_side(s);
-        if unclaimed.is_some() {
-            // SAFETY: taken back from the slot, so no worker has the pointer; `call` is alive.
-            let ran = catch_unwind(AssertUnwindSafe(|| unsafe { (*erased)() }));
-            if let Err(p) = ran {
-                *s.side_panic.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
-            }
+        if let Some(unclaimed) = take_side(s) {
+            call_side(s, unclaimed);
         } else {
             let start = Instant::now();
             while !s.side_done.load(Ordering::Acquire) {
@@ -347,14 +342,21 @@ fn join(s: &Shared, mut state: u64) -> bool {
     }
 }
 
+/// A worker's turn at the side task, if it is still on offer.
 fn run_side(s: &Shared) {
     let Some(side) = take_side(s) else { return };
-    // SAFETY: `Pool::beside` keeps the closure alive until `side_done`, and nobody else has the
-    // pointer (it was taken from the slot).
+    call_side(s, side);
+    s.side_done.store(true, Ordering::Release);
+}
+
+/// Run a side task taken from the slot, keeping its panic for [`Pool::beside`] to re-raise.
+fn call_side(s: &Shared, side: SidePtr) {
+    // SAFETY: `Pool::beside` keeps the closure alive until the task has run (it waits for
+    // `side_done`, or runs the task itself), and nobody else has the pointer: it was taken from
+    // the slot.
     if let Err(p) = catch_unwind(AssertUnwindSafe(|| unsafe { (*side.0)() })) {
         *s.side_panic.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
     }
-    s.side_done.store(true, Ordering::Release);
 }
 
 /// Spin briefly for work (a generation newer than `seen`, or a side task), then sleep until

@@ -197,19 +197,16 @@ impl GenFields {
                 Some(n) => Err(ApiError::field(field, format!("must be between 0 and {MAX_DRAFT}, not {n}"))),
             }
         };
-        let p_min = match self.speculative_p_min {
-            Some(p) if !(0.0..=1.0).contains(&p) => {
-                return Err(ApiError::field("speculative.p_min", format!("must be between 0 and 1, not {p}")));
-            }
-            p => p.map(|p| p as f32),
-        };
         let mut o = SpecOverride {
             draft_max: count("speculative.n_max", self.speculative_n_max)?,
             draft_min: count("speculative.n_min", self.speculative_n_min)?,
-            p_min,
+            p_min: self.speculative_p_min.map(|p| p as f32),
             ..SpecOverride::default()
         };
-        let Some(spec) = &self.speculative else { return Ok(o) };
+        let Some(spec) = &self.speculative else {
+            o.validate()?;
+            return Ok(o);
+        };
         let Some(obj) = spec.as_object() else {
             return Err(ApiError::field("speculative", "must be an object such as {\"mode\": \"lookup\"}"));
         };
@@ -226,13 +223,13 @@ impl GenFields {
                     if key == "n_max" { o.draft_max = n } else { o.draft_min = n }
                 }
                 "p_min" => {
-                    let p = v.as_f64().filter(|p| (0.0..=1.0).contains(p));
-                    o.p_min =
-                        Some(p.ok_or_else(|| ApiError::field("speculative.p_min", "must be between 0 and 1"))? as f32);
+                    let p = v.as_f64().ok_or_else(|| ApiError::field("speculative.p_min", "must be a number"))?;
+                    o.p_min = Some(p as f32);
                 }
                 other => return Err(ApiError::field("speculative", format!("unknown setting {other:?}"))),
             }
         }
+        o.validate()?;
         Ok(o)
     }
 

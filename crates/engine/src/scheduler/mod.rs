@@ -275,6 +275,8 @@ fn resolve(engine: &Engine, mut c: SchedulerConfig) -> Result<SchedulerConfig, E
     if c.speculative.mode == SpecMode::Draft && engine.draft().is_none() {
         return bad("--spec draft needs a draft model: give it with --model-draft".into());
     }
+    crate::sampling::in_range("--draft-p-min", c.speculative.p_min, 0.0, 1.0)
+        .map_err(|e| EngineError::Config(e.to_string()))?;
     let model = engine.model().config();
     if c.ctx_size < 2 {
         return bad(format!("a context of {} tokens cannot hold a prompt and an answer", c.ctx_size));

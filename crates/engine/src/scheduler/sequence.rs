@@ -199,8 +199,9 @@ impl Sequence {
         self.max_tokens.is_none_or(|n| self.ids.len() < n)
     }
 
-    /// Take the token sampled for this sequence (the sampler has seen it already): emit it, then any tokens the grammar forces
-    /// after it (they are computed together at the next step), and say whether it goes on.
+    /// Take the token sampled for this sequence (the sampler has seen it already): emit it, then
+    /// any tokens the grammar forces after it (they are computed together at the next step), and
+    /// say whether it goes on.
     pub fn push_token(&mut self, tok: &Tokenizer, id: u32, logprobs: Option<TokenLogprobs>, ctx: usize) -> After {
         self.first_token.get_or_insert_with(Instant::now);
         let after = self.push_one(tok, id, logprobs, ctx);
