@@ -15,7 +15,7 @@
 //! of Q8_K), so every block keeps its own scales and the integer arithmetic is exactly the
 //! reference's; the i32 tiles are stored and scaled with AVX-512 after each block. A tile
 //! product costs the same whether its rows hold 32 or 64 bytes, and each store about as much
-//! again, so products with Q1_0 ask for Q8_0x4 activations ([`batch_format`]): whole
+//! again, so products with Q1_0 ask for Q8_0x4 activations ([`super::q1_batch_format`]): whole
 //! 128-blocks at full width, one store per block instead of four.
 //!
 //! All paths follow one float recipe per element, so that a token's results are the same bits
@@ -49,17 +49,8 @@ use crate::matmul::{MatRef, OutPtr, RowKernel};
 use crate::pool::Pool;
 use expand::TileRows;
 
-pub(crate) const TABLE: Table = Table { row_kernel, prepare, batch_format, ..avx512::TABLE };
-
-/// Products with Q1_0 weights take one activation scale per 128 values (the weights' own
-/// block), so the tiles sum whole blocks before they are stored and scaled: a quarter of the
-/// stores and scaling, and full-width tile products. Every number of tokens takes the same
-/// rounding, so that a token's results do not depend on the tokens that share its batch (the
-/// AVX-512 kernels and the narrow tiles sum the same blocks in the same way).
-fn batch_format(format: ActFormat, w_tys: &[GgmlType], _rows: usize) -> ActFormat {
-    let all_q1 = !w_tys.is_empty() && w_tys.iter().all(|&t| t == GgmlType::Q1_0);
-    if format == ActFormat::Q8_0 && all_q1 { ActFormat::Q8_0x4 } else { format }
-}
+/// Its batch format is the AVX-512 tier's ([`super::q1_batch_format`]).
+pub(crate) const TABLE: Table = Table { row_kernel, prepare, ..avx512::TABLE };
 
 /// Which kernel a product with weights of one type takes, by the number of tokens. Every path
 /// follows the same float recipe, so the choice is free to depend on the count.

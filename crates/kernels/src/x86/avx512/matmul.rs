@@ -65,6 +65,7 @@ pub(super) fn d16(b: [u8; 2]) -> f32 {
 /// from the rows as they are.
 fn q1_0_rows(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
     match w.packed {
+        Some(p) if super::q1_gemm::serves(acts) => super::q1_gemm::rows(p, rows, acts, out),
         Some(p) => q1_0_packed(p, rows, acts, out),
         None => super::rows16::rows::<super::rows16::Q1_0>(w, rows, acts, out),
     }

@@ -6,6 +6,7 @@ mod kquants;
 mod legacy16;
 mod matmul;
 mod ops;
+mod q1_gemm;
 mod rows16;
 
 pub(crate) use ops::transpose16;
@@ -21,7 +22,7 @@ use crate::matmul::RowKernel;
 pub(crate) const TABLE: Table = Table {
     row_kernel,
     quantize_row,
-    batch_format: crate::dispatch::same_format,
+    batch_format: super::q1_batch_format,
     prepare: |pool, acts, w_tys| super::prepare_planar(pool, acts, w_tys.contains(&GgmlType::Q1_0), 0),
     pack: |w, pool| match w.ty {
         GgmlType::Q1_0 => Some(crate::pack::pack_q1_0(w, pool)),

@@ -1,0 +1,164 @@
+//! Packed Q1_0 × Q8_0x4 activations for several tokens at once, on AVX-512 VNNI without AMX
+//! (AMD Zen 4, Intel Ice Lake and later): the products of prefill and of batched decode.
+//!
+//! The lookup-table kernel (`matmul::lut_group`) costs the same per token however many tokens
+//! share the weights, so a batch is compute-bound there. Here each 1-bit weight is expanded once
+//! per tile of tokens into a byte in {0, 1}, laid out for `vpdpbusd`: sixteen rows in the
+//! sixteen lanes, four consecutive weights per lane. Every token of the tile then costs one
+//! `vpdpbusd` per 64 weights, its four activation bytes broadcast from memory. Since
+//! `Σ a·(2b − 1) = 2·Σ a·b − Σ a`, the block's integer sum is the lookup kernel's exactly (the
+//! activations' exact block sums come with the planar layout), and the float recipe after it is
+//! the lookup kernel's (`p = C·d_a`, `acc = fma(p, d_w, acc)`), so a token gets the same bits by
+//! either path, whatever else is in its batch.
+//!
+//! The expansion reads the lookup kernels' packed layout (`pack::pack_q1_0`), so one copy of
+//! the weights serves both: per 128-weight block and 64-row group, vector `v` holds byte `v` of
+//! every row's sign bits (weights `8v .. 8v + 8`), row `r` at byte `r`.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use crate::act::{ActFormat, Acts};
+use crate::matmul::OutPtr;
+use crate::pack::{GROUP, PackedMat, Q1_GROUP_BLOCK};
+use crate::x86::{PlanarRow, planar_row};
+
+/// Tokens at which products switch from the lookup tables to this kernel (measured on Zen 4:
+/// below it the per-token lookup is cheaper than expanding the weights).
+pub(super) const MIN_TOKENS: usize = 3;
+
+/// Whether this kernel serves a product with `acts`.
+pub(super) fn serves(acts: &Acts) -> bool {
+    acts.format() == ActFormat::Q8_0x4 && acts.rows() >= MIN_TOKENS
+}
+
+/// Rows `rows` of the packed matrix for every token of `acts` (Q8_0x4).
+pub(super) fn rows(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr) {
+    debug_assert!(serves(acts));
+    let n = acts.rows();
+    let mut t0 = 0;
+    while t0 < n {
+        let left = n - t0;
+        // SAFETY: the table holding this kernel exists only on AVX-512 VNNI CPUs; tokens
+        // t0 .. t0 + T exist, and this call owns rows `rows` of the output.
+        t0 += unsafe {
+            match left {
+                16.. => tile::<16>(p, rows.clone(), acts, t0, out),
+                8.. => tile::<8>(p, rows.clone(), acts, t0, out),
+                4.. => tile::<4>(p, rows.clone(), acts, t0, out),
+                2.. => tile::<2>(p, rows.clone(), acts, t0, out),
+                _ => tile::<1>(p, rows.clone(), acts, t0, out),
+            }
+        };
+    }
+}
+
+/// Byte `16L + j` of a vector takes byte `4L + j / 4` of its 128-bit lane: lane `i` of the
+/// result (four bytes) repeats row `i`'s byte.
+const SPREAD: [u8; 64] = {
+    let mut s = [0u8; 64];
+    let mut p = 0;
+    while p < 64 {
+        s[p] = (4 * (p / 16) + (p % 16) / 4) as u8;
+        p += 1;
+    }
+    s
+};
+
+/// Byte `4i + m` tests bit `m` (low half) or bit `4 + m` (high half) of row `i`'s byte.
+const BITS: [[u8; 64]; 2] = {
+    let mut b = [[0u8; 64]; 2];
+    let mut p = 0;
+    while p < 64 {
+        b[0][p] = 1 << (p % 4);
+        b[1][p] = 1 << (4 + p % 4);
+        p += 1;
+    }
+    b
+};
+
+/// Tokens `t0 .. t0 + T` against rows `rows`; returns `T`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+unsafe fn tile<const T: usize>(p: &PackedMat, rows: Range<usize>, acts: &Acts, t0: usize, out: OutPtr) -> usize {
+    let a: [PlanarRow; T] = std::array::from_fn(|t| planar_row(acts, t0 + t));
+    let nb = p.cols / 128;
+    for g in rows.start / GROUP..rows.end.div_ceil(GROUP) {
+        let row0 = g * GROUP;
+        let n = rows.end - row0;
+        // SAFETY (caller): the group holds `nb` whole blocks; the tokens' rows hold `cols` quants.
+        let res = unsafe { group::<T>(p.group(g), nb, &a) };
+        for (t, r) in res.iter().enumerate() {
+            for (q, v) in r.iter().enumerate() {
+                let mask = ((1u32 << n.saturating_sub(16 * q).min(16)) - 1) as __mmask16;
+                if mask != 0 {
+                    // SAFETY: this call owns rows `rows` of the output and the mask stops there.
+                    unsafe { _mm512_mask_storeu_ps(out.ptr_at(t0 + t, row0 + 16 * q), mask, *v) };
+                }
+            }
+        }
+    }
+    T
+}
+
+/// One 64-row group against `T` tokens: per token, four vectors of sixteen rows (row order).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+unsafe fn group<const T: usize>(data: &[u8], nb: usize, a: &[PlanarRow; T]) -> [[__m512; 4]; T] {
+    let ones = _mm512_set1_epi8(1);
+    // SAFETY: the constants are 64 bytes each.
+    let (spread, bits) = unsafe {
+        (
+            _mm512_loadu_si512(SPREAD.as_ptr() as *const _),
+            [_mm512_loadu_si512(BITS[0].as_ptr() as *const _), _mm512_loadu_si512(BITS[1].as_ptr() as *const _)],
+        )
+    };
+    // From the stored scale order (rows 0-7,16-23 | 32-39,48-55 | 8-15,24-31 | 40-47,56-63).
+    let lo = _mm512_set_epi32(23, 22, 21, 20, 19, 18, 17, 16, 7, 6, 5, 4, 3, 2, 1, 0);
+    let hi = _mm512_set_epi32(31, 30, 29, 28, 27, 26, 25, 24, 15, 14, 13, 12, 11, 10, 9, 8);
+    let qs: [*const i8; T] = std::array::from_fn(|t| a[t].qs.as_ptr());
+    let mut accf = [[_mm512_setzero_ps(); 4]; T];
+    assert!(data.len() >= nb * Q1_GROUP_BLOCK);
+    for b in 0..nb {
+        // SAFETY: block `b` lies inside the group (asserted above).
+        let blk = unsafe { data.as_ptr().add(b * Q1_GROUP_BLOCK) };
+        // SAFETY: the block's 64 f16 scales are its first 128 bytes.
+        let ds: [__m512; 4] =
+            std::array::from_fn(|i| unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32 * i) as *const __m256i)) });
+        let dw = [
+            _mm512_permutex2var_ps(ds[0], lo, ds[2]),
+            _mm512_permutex2var_ps(ds[0], hi, ds[2]),
+            _mm512_permutex2var_ps(ds[1], lo, ds[3]),
+            _mm512_permutex2var_ps(ds[1], hi, ds[3]),
+        ];
+        let da: [__m512; T] = std::array::from_fn(|t| _mm512_set1_ps(a[t].scales[4 * b]));
+        let sa: [__m512i; T] = std::array::from_fn(|t| {
+            let s = &a[t].isums[4 * b..4 * b + 4];
+            _mm512_set1_epi32(s[0] + s[1] + s[2] + s[3])
+        });
+        for q in 0..4 {
+            let mut acc = [_mm512_setzero_si512(); T];
+            for v in 0..16 {
+                // SAFETY: vector `v` of the block is 64 bytes at 128 + 64v; rows 16q .. 16q + 16
+                // are its bytes 16q .. 16q + 16.
+                let x = unsafe {
+                    let src = _mm_loadu_si128(blk.add(2 * GROUP + 64 * v + 16 * q) as *const __m128i);
+                    _mm512_shuffle_epi8(_mm512_broadcast_i32x4(src), spread)
+                };
+                for (h, bit) in bits.iter().enumerate() {
+                    let w = _mm512_min_epu8(_mm512_and_si512(x, *bit), ones);
+                    let off = 128 * b + 8 * v + 4 * h;
+                    for t in 0..T {
+                        // SAFETY: each token's row holds `128 nb` quants.
+                        let a4 = unsafe { (qs[t].add(off) as *const i32).read_unaligned() };
+                        acc[t] = _mm512_dpbusd_epi32(acc[t], w, _mm512_set1_epi32(a4));
+                    }
+                }
+            }
+            for t in 0..T {
+                let c = _mm512_sub_epi32(_mm512_add_epi32(acc[t], acc[t]), sa[t]);
+                let pr = _mm512_mul_ps(_mm512_cvtepi32_ps(c), da[t]);
+                accf[t][q] = _mm512_fmadd_ps(pr, dw[q], accf[t][q]);
+            }
+        }
+    }
+    accf
+}
