@@ -23,7 +23,11 @@ pub(crate) const TABLE: Table = Table {
     row_kernel,
     quantize_row,
     batch_format: super::q1_batch_format,
-    prepare: |pool, acts, w_tys| super::prepare_planar(pool, acts, w_tys.contains(&GgmlType::Q1_0), 0),
+    // The lookup tables serve only products that take the lookup kernel.
+    prepare: |pool, acts, w_tys| {
+        let lut = w_tys.contains(&GgmlType::Q1_0) && !q1_gemm::serves(acts);
+        super::prepare_planar(pool, acts, lut, 0)
+    },
     pack: |w, pool| match w.ty {
         GgmlType::Q1_0 => Some(crate::pack::pack_q1_0(w, pool)),
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => Some(crate::pack::pack_legacy(w, pool)),

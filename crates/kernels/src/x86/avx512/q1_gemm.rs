@@ -3,7 +3,7 @@
 //!
 //! The lookup-table kernel (`matmul::lut_group`) costs the same per token however many tokens
 //! share the weights, so a batch is compute-bound there. Here each 1-bit weight is expanded once
-//! per tile of tokens into a byte in {0, 1}, laid out for `vpdpbusd`: sixteen rows in the
+//! per tile of tokens into a byte in {0, 2}, laid out for `vpdpbusd`: sixteen rows in the
 //! sixteen lanes, four consecutive weights per lane. Every token of the tile then costs one
 //! `vpdpbusd` per 64 weights, its four activation bytes broadcast from memory. Since
 //! `Σ a·(2b − 1) = 2·Σ a·b − Σ a`, the block's integer sum is the lookup kernel's exactly (the
@@ -103,7 +103,7 @@ unsafe fn tile<const T: usize>(p: &PackedMat, rows: Range<usize>, acts: &Acts, t
 /// One 64-row group against `T` tokens: per token, four vectors of sixteen rows (row order).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
 unsafe fn group<const T: usize>(data: &[u8], nb: usize, a: &[PlanarRow; T]) -> [[__m512; 4]; T] {
-    let ones = _mm512_set1_epi8(1);
+    let twos = _mm512_set1_epi8(2);
     // SAFETY: the constants are 64 bytes each.
     let (spread, bits) = unsafe {
         (
@@ -130,12 +130,13 @@ unsafe fn group<const T: usize>(data: &[u8], nb: usize, a: &[PlanarRow; T]) -> [
             _mm512_permutex2var_ps(ds[1], hi, ds[3]),
         ];
         let da: [__m512; T] = std::array::from_fn(|t| _mm512_set1_ps(a[t].scales[4 * b]));
-        let sa: [__m512i; T] = std::array::from_fn(|t| {
+        // The sums start at −Σa and add 2·a per set bit: C = 2·Σ a·b − Σ a.
+        let neg_sa: [__m512i; T] = std::array::from_fn(|t| {
             let s = &a[t].isums[4 * b..4 * b + 4];
-            _mm512_set1_epi32(s[0] + s[1] + s[2] + s[3])
+            _mm512_set1_epi32(-(s[0] + s[1] + s[2] + s[3]))
         });
         for q in 0..4 {
-            let mut acc = [_mm512_setzero_si512(); T];
+            let mut acc = neg_sa;
             for v in 0..16 {
                 // SAFETY: vector `v` of the block is 64 bytes at 128 + 64v; rows 16q .. 16q + 16
                 // are its bytes 16q .. 16q + 16.
@@ -144,7 +145,7 @@ unsafe fn group<const T: usize>(data: &[u8], nb: usize, a: &[PlanarRow; T]) -> [
                     _mm512_shuffle_epi8(_mm512_broadcast_i32x4(src), spread)
                 };
                 for (h, bit) in bits.iter().enumerate() {
-                    let w = _mm512_min_epu8(_mm512_and_si512(x, *bit), ones);
+                    let w = _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(x, *bit), twos);
                     let off = 128 * b + 8 * v + 4 * h;
                     for t in 0..T {
                         // SAFETY: each token's row holds `128 nb` quants.
@@ -154,8 +155,7 @@ unsafe fn group<const T: usize>(data: &[u8], nb: usize, a: &[PlanarRow; T]) -> [
                 }
             }
             for t in 0..T {
-                let c = _mm512_sub_epi32(_mm512_add_epi32(acc[t], acc[t]), sa[t]);
-                let pr = _mm512_mul_ps(_mm512_cvtepi32_ps(c), da[t]);
+                let pr = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[t]), da[t]);
                 accf[t][q] = _mm512_fmadd_ps(pr, dw[q], accf[t][q]);
             }
         }
