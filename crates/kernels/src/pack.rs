@@ -93,8 +93,8 @@ fn pack_groups(
     pack: fn(&MatRef, usize, &mut [u8]),
 ) -> PackedMat {
     let groups = w.rows.div_ceil(group_rows);
-    let mut buf = AlignedBuf::default();
-    buf.resize(groups * group_bytes);
+    // Zeroed: rows past the matrix's end (padding of the last group) stay zero.
+    let mut buf = AlignedBuf::zeroed(groups * group_bytes);
     let out = SharedOut(buf.as_bytes_mut().as_mut_ptr());
     pool.for_chunks(groups, 1, &|_, range| {
         for g in range {
@@ -116,7 +116,6 @@ pub fn legacy_layout(ty: GgmlType) -> (Option<usize>, usize) {
 }
 
 fn pack_legacy_group(w: &MatRef, g: usize, dst: &mut [u8]) {
-    dst.fill(0);
     let block_bytes = w.ty.type_size() as usize;
     let (m_at, qs_at) = legacy_layout(w.ty);
     // In a file block: the scale at 0, Q4_1's offset at 2, then the quants.
@@ -145,21 +144,46 @@ fn pack_legacy_group(w: &MatRef, g: usize, dst: &mut [u8]) {
 }
 
 fn pack_q1_0_group(w: &MatRef, g: usize, dst: &mut [u8]) {
-    dst.fill(0);
-    for r in 0..GROUP {
-        let row = g * GROUP + r;
-        if row >= w.rows {
-            break;
+    let live = w.rows.saturating_sub(g * GROUP).min(GROUP);
+    let rows: Vec<&[BlockQ1_0]> = (0..live).map(|r| blocks::<BlockQ1_0>(w.row(g * GROUP + r))).collect();
+    for (b, out) in dst.chunks_exact_mut(Q1_GROUP_BLOCK).enumerate() {
+        for (r, row) in rows.iter().enumerate() {
+            let (vec, lane) = scale_order(r);
+            out[2 * (16 * vec + lane)..][..2].copy_from_slice(&row[b].d);
         }
-        let (vec, lane) = scale_order(r);
-        for (b, blk) in blocks::<BlockQ1_0>(w.row(row)).iter().enumerate() {
-            let out = &mut dst[b * Q1_GROUP_BLOCK..(b + 1) * Q1_GROUP_BLOCK];
-            out[2 * (16 * vec + lane)..][..2].copy_from_slice(&blk.d);
-            for (v, &byte) in blk.qs.iter().enumerate() {
-                out[2 * GROUP + 64 * v + r] = byte;
+        // Bit vector v, byte r = byte v of row r: a 64 × 16 byte transpose, by 8 × 8 tiles.
+        let bits = &mut out[2 * GROUP..];
+        for r0 in (0..live).step_by(8) {
+            for v0 in (0..16).step_by(8) {
+                let mut m = [0u64; 8];
+                for (i, mi) in m.iter_mut().enumerate().take(live - r0) {
+                    let qs = &rows[r0 + i][b].qs[v0..v0 + 8];
+                    *mi = u64::from_le_bytes(qs.try_into().expect("8 bytes"));
+                }
+                for (j, t) in transpose8x8(m).iter().enumerate() {
+                    bits[64 * (v0 + j) + r0..][..8].copy_from_slice(&t.to_le_bytes());
+                }
             }
         }
     }
+}
+
+/// Transpose an 8 × 8 matrix of bytes held as eight little-endian rows: byte `j` of row `i`
+/// becomes byte `i` of row `j`.
+fn transpose8x8(m: [u64; 8]) -> [u64; 8] {
+    // Three rounds that swap the off-diagonal 4 × 4, 2 × 2 and 1 × 1 blocks.
+    let mut m = m;
+    for (shift, mask) in [(32u32, 0x0000_0000_ffff_ffffu64), (16, 0x0000_ffff_0000_ffff), (8, 0x00ff_00ff_00ff_00ff)] {
+        let step = (shift / 8) as usize;
+        for i in 0..8 {
+            if i & step == 0 {
+                let (a, b) = (m[i], m[i + step]);
+                m[i] = (a & mask) | ((b & mask) << shift);
+                m[i + step] = ((a >> shift) & mask) | (b & !mask);
+            }
+        }
+    }
+    m
 }
 
 struct SharedOut(*mut u8);
@@ -174,6 +198,17 @@ impl SharedOut {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transpose8x8_transposes() {
+        let m: [u64; 8] = std::array::from_fn(|i| u64::from_le_bytes(std::array::from_fn(|j| (8 * i + j) as u8)));
+        let t = transpose8x8(m);
+        for (j, row) in t.iter().enumerate() {
+            for (i, &byte) in row.to_le_bytes().iter().enumerate() {
+                assert_eq!(byte as usize, 8 * i + j);
+            }
+        }
+    }
 
     #[test]
     fn scale_order_is_a_permutation() {
