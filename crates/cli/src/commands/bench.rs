@@ -1,13 +1,16 @@
 //! `onebit bench`: llama-bench's measurements and table. `pp N` times one batch of N tokens
 //! (prefill), `tg N` times N single-token steps (decode), both from an empty cache, with random
-//! token ids; tokenization and sampling are not part of it. Each test runs once to warm up,
-//! then `-r` times; t/s is reported as mean ± standard deviation.
+//! token ids; tokenization and sampling are not part of it. With `-d N` (llama-bench's
+//! `--n-depth`) a test runs after N tokens already in the cache (`pp512 @ d4096`): the N tokens
+//! are computed once, untimed, and the cache is cut back to them before each run. Each test runs
+//! once to warm up, then `-r` times; t/s is reported as mean ± standard deviation. The first
+//! line names the CPU and the kernel tier, so that a figure can be traced to its machine.
 
 use std::time::Instant;
 
 use anyhow::{Result, bail};
 use onebit_kernels::{BatchRounding, KernelTier, Pool};
-use onebit_model::{KvType, LogitsWanted, Model, ModelOptions, Scratch};
+use onebit_model::{KvCache, KvType, LogitsWanted, Model, ModelOptions, Scratch};
 use serde_json::json;
 
 #[derive(clap::Args)]
@@ -21,6 +24,9 @@ pub struct Args {
     /// Generation lengths to test (tg), comma-separated; 0 skips.
     #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
     pub n_gen: Vec<usize>,
+    /// Tokens already in the cache before each test, comma-separated (llama-bench's `-d`).
+    #[arg(short = 'd', long = "n-depth", value_delimiter = ',', default_value = "0")]
+    pub n_depth: Vec<usize>,
     /// Thread counts to test, comma-separated [default: every core].
     #[arg(short = 't', long, value_delimiter = ',')]
     pub threads: Vec<usize>,
@@ -72,7 +78,9 @@ pub fn run(args: Args) -> Result<()> {
     let threads =
         if args.threads.is_empty() { vec![onebit_kernels::Pool::default_threads()] } else { args.threads.clone() };
     let mut rows = Vec::new();
+    let tier = args.kernel_tier.unwrap_or_else(KernelTier::best);
     if !args.json {
+        println!("cpu: {} | kernel tier: {tier}", cpu_name());
         println!(
             "| {:<28} | {:>10} | {:>10} | {:<10} | {:>7} | {:>8} | {:>20} |",
             "model", "size", "params", "backend", "threads", "test", "t/s"
@@ -90,31 +98,37 @@ pub fn run(args: Args) -> Result<()> {
         let pool = Pool::new(if t == 0 { Pool::default_threads() } else { t });
         let (size, params) = weight_totals(&model);
         let name = model_name(&model, params);
-        let tests = args.n_prompt.iter().filter(|&&n| n > 0).map(|&n| (format!("pp{n}"), n, true));
-        let tests = tests.chain(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| (format!("tg{n}"), n, false)));
-        for (test, n, prefill) in tests.collect::<Vec<_>>() {
-            let mut samples = Vec::new();
-            for rep in 0..=args.repetitions {
-                let secs =
-                    if prefill { time_prefill(&model, &pool, n, rep)? } else { time_decode(&model, &pool, n, rep)? };
-                if rep > 0 {
-                    samples.push(n as f64 / secs);
+        let tests = args.n_prompt.iter().filter(|&&n| n > 0).map(|&n| ("pp", n, true));
+        let tests = tests.chain(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| ("tg", n, false))).collect::<Vec<_>>();
+        for &depth in &args.n_depth {
+            let longest = tests.iter().map(|t| t.1).max().unwrap_or(0);
+            let mut cache = model.new_cache(depth + longest)?;
+            fill(&model, &pool, &mut cache, depth)?;
+            for &(kind, n, prefill) in &tests {
+                let mut samples = Vec::new();
+                for rep in 0..=args.repetitions {
+                    cache.truncate(depth);
+                    let secs = time_test(&model, &pool, &mut cache, n, prefill, rep)?;
+                    if rep > 0 {
+                        samples.push(n as f64 / secs);
+                    }
                 }
+                let test = if depth > 0 { format!("{kind}{n} @ d{depth}") } else { format!("{kind}{n}") };
+                let row = Row { model: name.clone(), size, params, threads: t, test, samples };
+                if !args.json {
+                    println!(
+                        "| {:<28} | {:>10} | {:>10} | {:<10} | {:>7} | {:>8} | {:>20} |",
+                        row.model,
+                        format!("{:.2} GiB", row.size as f64 / (1u64 << 30) as f64),
+                        format!("{:.2} B", row.params as f64 / 1e9),
+                        format!("CPU/{}", model.kernels().tier()),
+                        row.threads,
+                        row.test,
+                        format!("{:.2} ± {:.2}", row.mean(), row.std())
+                    );
+                }
+                rows.push(row);
             }
-            let row = Row { model: name.clone(), size, params, threads: t, test, samples };
-            if !args.json {
-                println!(
-                    "| {:<28} | {:>10} | {:>10} | {:<10} | {:>7} | {:>8} | {:>20} |",
-                    row.model,
-                    format!("{:.2} GiB", row.size as f64 / (1u64 << 30) as f64),
-                    format!("{:.2} B", row.params as f64 / 1e9),
-                    format!("CPU/{}", model.kernels().tier()),
-                    row.threads,
-                    row.test,
-                    format!("{:.2} ± {:.2}", row.mean(), row.std())
-                );
-            }
-            rows.push(row);
         }
     }
     if args.json {
@@ -144,24 +158,40 @@ fn tokens(model: &Model, n: usize, seed: usize) -> Vec<u32> {
         .collect()
 }
 
-fn time_prefill(model: &Model, pool: &Pool, n: usize, rep: usize) -> Result<f64> {
+/// Put `depth` random tokens in the cache, 512 at a time (llama-bench's default batch).
+fn fill(model: &Model, pool: &Pool, cache: &mut KvCache, depth: usize) -> Result<()> {
+    let toks = tokens(model, depth, usize::MAX);
+    let mut scratch = Scratch::new();
+    for chunk in toks.chunks(512) {
+        model.forward_one(pool, cache, chunk, LogitsWanted::Last, &mut scratch)?;
+    }
+    Ok(())
+}
+
+/// Seconds for one batch of `n` tokens (`prefill`) or `n` single-token steps, after what the
+/// cache holds.
+fn time_test(model: &Model, pool: &Pool, cache: &mut KvCache, n: usize, prefill: bool, rep: usize) -> Result<f64> {
     let toks = tokens(model, n, rep);
-    let mut cache = model.new_cache(n)?;
     let mut scratch = Scratch::new();
     let t = Instant::now();
-    model.forward_one(pool, &mut cache, &toks, LogitsWanted::Last, &mut scratch)?;
+    if prefill {
+        model.forward_one(pool, cache, &toks, LogitsWanted::Last, &mut scratch)?;
+    } else {
+        for tok in &toks {
+            model.forward_one(pool, cache, std::slice::from_ref(tok), LogitsWanted::Last, &mut scratch)?;
+        }
+    }
     Ok(t.elapsed().as_secs_f64())
 }
 
-fn time_decode(model: &Model, pool: &Pool, n: usize, rep: usize) -> Result<f64> {
-    let toks = tokens(model, n, rep);
-    let mut cache = model.new_cache(n)?;
-    let mut scratch = Scratch::new();
-    let t = Instant::now();
-    for tok in &toks {
-        model.forward_one(pool, &mut cache, std::slice::from_ref(tok), LogitsWanted::Last, &mut scratch)?;
-    }
-    Ok(t.elapsed().as_secs_f64())
+/// The CPU's model name (`lscpu`'s), where the system says.
+fn cpu_name() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    info.lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
 /// Bytes and parameters of the model's tensors.
