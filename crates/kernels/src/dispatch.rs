@@ -5,6 +5,7 @@ use onebit_gguf::GgmlType;
 
 use crate::KernelError;
 use crate::act::{ActFormat, Acts};
+use crate::disjoint::DisjointRows;
 use crate::matmul::{MatRef, OutPtr, RowKernel};
 use crate::pack::PackedMat;
 use crate::pool::Pool;
@@ -243,11 +244,11 @@ impl Kernels {
             return Ok(());
         }
         let rb = acts.row_bytes();
-        let out = SharedBytes(acts.bytes_mut().as_mut_ptr());
+        let out = DisjointRows::new(acts.bytes_mut(), rb);
         pool.for_chunks(rows, 4, &|_, range| {
             for t in range {
-                // SAFETY: each row index is handed to exactly one thread.
-                let row = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(t * rb), rb) };
+                // SAFETY: the pool hands each row index to exactly one thread.
+                let row = unsafe { out.row(t) };
                 quantize(format, &x[t * cols..(t + 1) * cols], row);
             }
         });
@@ -332,7 +333,7 @@ impl Kernels {
         let block = format.block();
         let chunk = chunk / gcd(chunk, block) * block;
         let (rb, quantize, silu_mul) = (out.row_bytes(), self.table.quantize_row, self.table.silu_mul);
-        let dst = SharedBytes(out.bytes_mut().as_mut_ptr());
+        let dst = DisjointRows::new(out.bytes_mut(), rb);
         pool.for_chunks(rows, chunk, &|_, range| {
             GLU_SCRATCH.with_borrow_mut(|(g, u)| {
                 let len = range.len();
@@ -345,7 +346,7 @@ impl Kernels {
                 for t in 0..n {
                     // SAFETY: `range` starts and ends on activation blocks, so bytes `b0..b1` of
                     // token t's row hold exactly its values there, and only this call has them.
-                    let row = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(t * rb + b0), b1 - b0) };
+                    let row = unsafe { dst.row_part(t, b0..b1) };
                     quantize(format, &g[t * len..(t + 1) * len], row);
                 }
             });
@@ -485,16 +486,6 @@ thread_local! {
 /// Activations of fewer values than this are quantized on the calling thread: a parallel region
 /// costs a few microseconds, more than rounding a few tokens (e.g. 8 of SmolLM2's 576 values).
 pub(crate) const SERIAL_VALUES: usize = 1 << 16;
-
-struct SharedBytes(*mut u8);
-// SAFETY: used only to hand disjoint rows of one buffer to different threads.
-unsafe impl Sync for SharedBytes {}
-
-impl SharedBytes {
-    fn ptr(&self) -> *mut u8 {
-        self.0
-    }
-}
 
 fn table_for(tier: KernelTier) -> &'static Table {
     match tier {

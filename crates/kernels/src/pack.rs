@@ -18,6 +18,7 @@
 use onebit_gguf::GgmlType;
 
 use crate::act::AlignedBuf;
+use crate::disjoint::DisjointRows;
 use crate::formats::{BlockQ1_0, blocks};
 use crate::matmul::MatRef;
 use crate::pool::Pool;
@@ -95,11 +96,11 @@ fn pack_groups(
     let groups = w.rows.div_ceil(group_rows);
     let mut buf = AlignedBuf::default();
     buf.resize(groups * group_bytes);
-    let out = SharedOut(buf.as_bytes_mut().as_mut_ptr());
+    let out = DisjointRows::new(buf.as_bytes_mut(), group_bytes);
     pool.for_chunks(groups, 1, &|_, range| {
         for g in range {
             // SAFETY: each group's bytes are written by the one thread that took the group.
-            let dst = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(g * group_bytes), group_bytes) };
+            let dst = unsafe { out.row(g) };
             pack(w, g, dst);
         }
     });
@@ -159,15 +160,6 @@ fn pack_q1_0_group(w: &MatRef, g: usize, dst: &mut [u8]) {
                 out[2 * GROUP + 64 * v + r] = byte;
             }
         }
-    }
-}
-
-struct SharedOut(*mut u8);
-// SAFETY: hands disjoint groups of one buffer to different threads.
-unsafe impl Sync for SharedOut {}
-impl SharedOut {
-    fn ptr(&self) -> *mut u8 {
-        self.0
     }
 }
 
