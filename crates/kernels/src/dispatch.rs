@@ -234,6 +234,9 @@ impl Kernels {
         acts: &mut Acts,
     ) -> Result<(), KernelError> {
         let rows = x.len() / cols.max(1);
+        if rows * cols != x.len() {
+            return Err(KernelError::Shape(format!("{} activations are not whole rows of {cols}", x.len())));
+        }
         acts.reset(format, rows, cols)?;
         let quantize = self.table.quantize_row;
         if rows * cols < SERIAL_VALUES {
@@ -276,6 +279,9 @@ impl Kernels {
         acts: &Acts,
         outs: &mut [&mut [f32]],
     ) -> Result<(), KernelError> {
+        if ws.len() != outs.len() {
+            return Err(KernelError::Shape(format!("{} matrices but {} outputs", ws.len(), outs.len())));
+        }
         let mut jobs = Vec::with_capacity(ws.len());
         let mut offsets = Vec::with_capacity(ws.len() + 1);
         let mut total = 0;
@@ -356,6 +362,8 @@ impl Kernels {
     }
 
     fn row_kernel(&self, w: &MatRef, acts: &Acts) -> Result<RowKernel, KernelError> {
+        // The fields are public: a matrix built by hand must still be what the kernels read.
+        w.check()?;
         let format = ActFormat::for_weights(w.ty)?;
         if !acts.format().serves(format) || acts.cols() != w.cols {
             return Err(KernelError::Mismatch {
@@ -371,10 +379,16 @@ impl Kernels {
     /// attached with [`MatRef::with_packed`]; it holds the same weights, so the original bytes
     /// can then be dropped from memory.
     pub fn pack(&self, pool: &Pool, w: &MatRef) -> Option<PackedMat> {
+        w.check().ok()?;
         (self.table.pack)(w, pool)
     }
 
+    // Shapes are checked here, once for every tier: the SIMD tiers load and store whole
+    // vectors up to the length of one slice and trust the others to be as long.
+
+    /// `out = x / sqrt(mean(x²) + eps) * w` (`x`, `w` and `out` of the same length).
     pub fn rms_norm(&self, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+        assert!(w.len() == x.len() && out.len() == x.len(), "rms_norm: lengths differ");
         (self.table.rms_norm)(x, w, eps, out)
     }
 
@@ -382,11 +396,15 @@ impl Kernels {
         (self.table.softmax)(x)
     }
 
+    /// `gate[i] = silu(gate[i]) * up[i]` (`gate` and `up` of the same length).
     pub fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
+        assert_eq!(gate.len(), up.len(), "silu_mul: lengths differ");
         (self.table.silu_mul)(gate, up)
     }
 
+    /// `a · b` (of the same length).
     pub fn dot_f32(&self, a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len(), "dot_f32: lengths differ");
         (self.table.dot_f32)(a, b)
     }
 

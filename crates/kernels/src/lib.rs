@@ -62,6 +62,9 @@ pub enum KernelError {
     Size { ty: GgmlType, elements: usize, bytes: usize },
     #[error("weights {weights} with {cols} columns do not match activations {acts}")]
     Mismatch { weights: GgmlType, cols: usize, acts: String },
+    /// Arguments whose lengths do not fit together (e.g. values that are not whole rows).
+    #[error("{0}")]
+    Shape(String),
     #[error("kernel tier '{tier}' is not available on this machine (available: {})", available.iter().map(|t| t.name()).collect::<Vec<_>>().join(", "))]
     TierUnavailable { tier: KernelTier, available: Vec<KernelTier> },
 }

@@ -28,16 +28,30 @@ pub struct MatRef<'a> {
 
 impl<'a> MatRef<'a> {
     pub fn new(ty: GgmlType, rows: usize, cols: usize, data: &'a [u8]) -> Result<MatRef<'a>, KernelError> {
+        let w = MatRef { ty, rows, cols, data, packed: None };
+        w.check()?;
+        Ok(w)
+    }
+
+    /// Whether the bytes (and the packed form, if any) hold `rows × cols` weights of `ty`:
+    /// what the kernels read without checking again.
+    pub(crate) fn check(&self) -> Result<(), KernelError> {
+        let (ty, rows, cols) = (self.ty, self.rows, self.cols);
         let want = ty.bytes_for(cols as u64).and_then(|b| b.checked_mul(rows as u64));
-        if want != Some(data.len() as u64) {
-            return Err(KernelError::Size { ty, elements: rows * cols, bytes: data.len() });
+        if want != Some(self.data.len() as u64) {
+            return Err(KernelError::Size { ty, elements: rows.saturating_mul(cols), bytes: self.data.len() });
         }
-        Ok(MatRef { ty, rows, cols, data, packed: None })
+        match self.packed {
+            Some(p) if !p.holds(ty, rows, cols) => {
+                Err(KernelError::Mismatch { weights: ty, cols, acts: format!("a packed matrix of {p:?}") })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The same matrix with its repacked form attached.
     pub fn with_packed(self, packed: Option<&'a PackedMat>) -> MatRef<'a> {
-        MatRef { packed: packed.filter(|p| p.rows == self.rows && p.cols == self.cols && p.ty == self.ty), ..self }
+        MatRef { packed: packed.filter(|p| p.holds(self.ty, self.rows, self.cols)), ..self }
     }
 
     /// A 2-D GGUF tensor: `ne[0]` is the row length.

@@ -40,6 +40,8 @@ pub struct PackedMat {
     pub group_rows: usize,
     group_bytes: usize,
     buf: AlignedBuf,
+    /// (ty, rows, cols, group_rows) as packed: the public fields can be changed, this cannot.
+    packed_as: (GgmlType, usize, usize, usize),
 }
 
 impl std::fmt::Debug for PackedMat {
@@ -49,6 +51,12 @@ impl std::fmt::Debug for PackedMat {
 }
 
 impl PackedMat {
+    /// Whether this is `rows × cols` weights of `ty`, packed as its fields say.
+    pub fn holds(&self, ty: GgmlType, rows: usize, cols: usize) -> bool {
+        let fields = (self.ty, self.rows, self.cols, self.group_rows);
+        fields == (ty, rows, cols, self.group_rows) && fields == self.packed_as
+    }
+
     pub fn bytes(&self) -> &[u8] {
         self.buf.as_bytes()
     }
@@ -104,7 +112,8 @@ fn pack_groups(
             pack(w, g, dst);
         }
     });
-    PackedMat { ty: w.ty, rows: w.rows, cols: w.cols, group_rows, group_bytes, buf }
+    let packed_as = (w.ty, w.rows, w.cols, group_rows);
+    PackedMat { ty: w.ty, rows: w.rows, cols: w.cols, group_rows, group_bytes, buf, packed_as }
 }
 
 /// Where a block's parts lie in the 16 rows of a packed block: the 16 scales at 0, then
