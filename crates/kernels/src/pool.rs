@@ -67,6 +67,8 @@ struct Shared {
 // open job of the current generation (a successful compare-exchange on `state`, Acquire) and
 // before it leaves (Release decrement), while the publisher waits.
 unsafe impl Sync for Shared {}
+// SAFETY: the raw pointers (`job`, `side`) are only dereferenced under the protocol above, and
+// every other field is `Send`; the pool's threads hold `Shared` through an `Arc`.
 unsafe impl Send for Shared {}
 
 /// A fixed set of threads that run one job at a time. Thread 0 is the caller.
@@ -283,6 +285,7 @@ impl<T> PerThread<T> {
     /// that received `tid` runs (every thread index of a job is unique).
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn get(&self, tid: usize) -> &mut T {
+        // SAFETY: by the contract, thread `tid` of the running job is this slot's only user.
         unsafe { &mut *self.slots[tid].get() }
     }
 
@@ -318,6 +321,8 @@ fn worker(s: &Shared, tid: usize) {
                     // SAFETY: joined the open job of this generation (Acquire), whose publisher
                     // stored the closure before opening it and keeps it alive until we leave.
                     let job = unsafe { (*s.job.get()).expect("a published job") };
+                    // SAFETY: as above: the closure lives until this worker leaves the job, and
+                    // `tid` is this worker's own index (unique within the job).
                     if let Err(p) = catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(tid) })) {
                         *s.panic.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
                     }

@@ -258,3 +258,30 @@ fn matmul_glu_acts_lengths() {
         assert_eq!((out.rows(), out.cols()), (tokens, 64));
     });
 }
+
+/// Float weights take rows of any width (their activations are f32, one value per block): the
+/// vector products must stop at the row's end, and agree with the scalar reference.
+#[test]
+fn float_weights_of_any_width() {
+    let pool = Pool::new(2);
+    let scalar = Kernels::new(KernelTier::Scalar).unwrap();
+    each_tier(|k| {
+        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+            for cols in [1, 7, 17, 33, 47] {
+                let rows = 3;
+                let x: Vec<f32> = (0..rows * cols).map(|i| (i % 7) as f32 * 0.25 - 0.5).collect();
+                // Exactly the matrix's bytes: a read past a row's end runs past the buffer.
+                let mut data = vec![0u8; rows * ty.bytes_for(cols as u64).unwrap() as usize];
+                onebit_kernels::formats::quantize(ty, &x, &mut data).unwrap();
+                let w = MatRef::new(ty, rows, cols, &data).unwrap();
+                let a = acts(k, &pool, ty, 2, cols);
+                let (mut got, mut want) = (vec![0f32; 2 * rows], vec![0f32; 2 * rows]);
+                k.matmul(&pool, &w, &a, &mut got).unwrap();
+                scalar.matmul(&pool, &w, &a, &mut want).unwrap();
+                for (g, e) in got.iter().zip(&want) {
+                    assert!((g - e).abs() <= 1e-4 * (1.0 + e.abs()), "{} {ty} × {cols}: {g} vs {e}", k.tier());
+                }
+            }
+        }
+    });
+}

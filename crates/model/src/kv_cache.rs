@@ -259,7 +259,7 @@ impl KvWriter<'_> {
         let (d, dv) = (self.head_dim, self.value_dim);
         let rows = |h: usize| {
             let r = (block * self.n_kv_heads + h) * BLOCK_TOKENS + slot;
-            // SAFETY (both loops): row `r` of the keys and of the values is position (block,
+            // SAFETY: (both loops) row `r` of the keys and of the values is position (block,
             // slot) of head `h`, which the caller guarantees nobody else writes meanwhile (and
             // each loop's slices are dropped before the next loop takes them again).
             unsafe { (self.keys.row(r), self.values.row(r)) }

@@ -68,14 +68,14 @@ pub(crate) type Q8Block = unsafe fn(&[f32], &mut [i8; 32]) -> (f32, i32);
 pub(crate) unsafe fn quantize_q8_with(x: &[f32], out: &mut [u8], with_sum: bool, block: Q8Block) {
     if with_sum {
         for (b, xs) in blocks_mut::<BlockQ8_1>(out).iter_mut().zip(x.chunks_exact(32)) {
-            // SAFETY (caller): the features are there.
+            // SAFETY: the caller's contract: the features are there.
             let (d, sum) = unsafe { block(xs, &mut b.qs) };
             b.d = f32_to_f16(d).to_le_bytes();
             b.s = f32_to_f16(d * sum as f32).to_le_bytes();
         }
     } else {
         for (b, xs) in blocks_mut::<BlockQ8_0>(out).iter_mut().zip(x.chunks_exact(32)) {
-            // SAFETY (caller): as above.
+            // SAFETY: the caller's contract: as above.
             b.d = f32_to_f16(unsafe { block(xs, &mut b.qs) }.0).to_le_bytes();
         }
     }
@@ -261,6 +261,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(miri, ignore = "SIMD code: Miri interprets no vector intrinsics")]
     fn lookup_tables_match_the_reference() {
         let cols = 256;
         let p = Planar::new(cols);

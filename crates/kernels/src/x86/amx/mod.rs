@@ -445,7 +445,7 @@ impl Pair {
     unsafe fn product(&self, c: *mut u8, acc: &mut [f32]) {
         assert!(acc.len() >= 1024);
         let acc = acc.as_mut_ptr() as *mut __m512;
-        // SAFETY (caller): as for `product_by`.
+        // SAFETY: the caller's contract: as for `product_by`.
         unsafe {
             match self.group {
                 4 => self.product_by::<4>(c, acc),
@@ -462,6 +462,10 @@ impl Pair {
         let groups = self.nblk / G;
         // Software pipeline: the tile unit computes group `g` while the vector unit scales the
         // stored tiles of `g - 1` (the first group sets the sums, the others add to them).
+        // SAFETY: the caller's contract (`product`'s): the pair's pointers cover `nblk` blocks
+        // of tiles and scales, `c` holds two sets of G stored tiles of 4 KiB (alternating by
+        // group), `acc` 1024 floats, and this thread has configured its tiles. Blocks
+        // `G·g + k` and `G·(g - 1)` are below `nblk`.
         unsafe {
             for g in 0..=groups {
                 if g < groups {
@@ -483,7 +487,7 @@ impl Pair {
     #[inline(always)]
     unsafe fn tiles(&self, blk: usize) {
         let g = self.g;
-        // SAFETY (caller): the block's tiles lie inside the expanded weights and activations.
+        // SAFETY: the caller's contract: the block's tiles lie inside the expanded weights and activations.
         unsafe {
             asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
             for step in 0..g.steps() {
@@ -512,7 +516,7 @@ impl Pair {
     /// Store the four C tiles at `c`.
     #[inline(always)]
     unsafe fn store(c: *mut u8) {
-        // SAFETY (caller): `c` has 4 KiB.
+        // SAFETY: the caller's contract: `c` has 4 KiB.
         unsafe {
             asm!(
                 "tilestored [{c} + {s64} * 1], tmm0",
@@ -529,6 +533,9 @@ impl Pair {
     /// blocks `blk .. blk + G`.
     #[inline(always)]
     unsafe fn scale<const G: usize, const FIRST: bool>(&self, blk: usize, c: *const u8, acc: *mut __m512) {
+        // SAFETY: the caller's contract: G stored sets of four tiles at `c`, the scales (and
+        // offsets and sums) of blocks `blk .. blk + G` at the pair's pointers, 1024 floats
+        // (64 vectors) at `acc`; AVX-512 F from `product`, into which this is inlined.
         unsafe {
             let c = c as *const __m512i;
             for j in 0..2 {
