@@ -20,17 +20,21 @@ thread_local! {
     static PEAK: Cell<usize> = const { Cell::new(0) };
 }
 
+// SAFETY: every allocation and deallocation is the system allocator's, with the caller's
+// layout; the counting beside it never allocates (thread-local `Cell`s, `try_with`).
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let _ = CURRENT.try_with(|c| {
             c.set(c.get() + layout.size());
             let _ = PEAK.try_with(|p| p.set(p.get().max(c.get())));
         });
+        // SAFETY: `GlobalAlloc::alloc`'s contract, passed on unchanged.
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         let _ = CURRENT.try_with(|c| c.set(c.get().saturating_sub(layout.size())));
+        // SAFETY: `ptr` came from `System.alloc` with this layout (every allocation goes there).
         unsafe { System.dealloc(ptr, layout) }
     }
 }

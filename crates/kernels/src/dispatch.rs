@@ -5,6 +5,7 @@ use onebit_gguf::GgmlType;
 
 use crate::KernelError;
 use crate::act::{ActFormat, Acts};
+use crate::disjoint::DisjointRows;
 use crate::matmul::{MatRef, OutPtr, RowKernel};
 use crate::pack::PackedMat;
 use crate::pool::Pool;
@@ -233,6 +234,9 @@ impl Kernels {
         acts: &mut Acts,
     ) -> Result<(), KernelError> {
         let rows = x.len() / cols.max(1);
+        if rows * cols != x.len() {
+            return Err(KernelError::Shape(format!("{} activations are not whole rows of {cols}", x.len())));
+        }
         acts.reset(format, rows, cols)?;
         let quantize = self.table.quantize_row;
         if rows * cols < SERIAL_VALUES {
@@ -243,11 +247,11 @@ impl Kernels {
             return Ok(());
         }
         let rb = acts.row_bytes();
-        let out = SharedBytes(acts.bytes_mut().as_mut_ptr());
+        let out = DisjointRows::new(acts.bytes_mut(), rb);
         pool.for_chunks(rows, 4, &|_, range| {
             for t in range {
-                // SAFETY: each row index is handed to exactly one thread.
-                let row = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(t * rb), rb) };
+                // SAFETY: the pool hands each row index to exactly one thread.
+                let row = unsafe { out.row(t) };
                 quantize(format, &x[t * cols..(t + 1) * cols], row);
             }
         });
@@ -275,6 +279,9 @@ impl Kernels {
         acts: &Acts,
         outs: &mut [&mut [f32]],
     ) -> Result<(), KernelError> {
+        if ws.len() != outs.len() {
+            return Err(KernelError::Shape(format!("{} matrices but {} outputs", ws.len(), outs.len())));
+        }
         let mut jobs = Vec::with_capacity(ws.len());
         let mut offsets = Vec::with_capacity(ws.len() + 1);
         let mut total = 0;
@@ -332,7 +339,7 @@ impl Kernels {
         let block = format.block();
         let chunk = chunk / gcd(chunk, block) * block;
         let (rb, quantize, silu_mul) = (out.row_bytes(), self.table.quantize_row, self.table.silu_mul);
-        let dst = SharedBytes(out.bytes_mut().as_mut_ptr());
+        let dst = DisjointRows::new(out.bytes_mut(), rb);
         pool.for_chunks(rows, chunk, &|_, range| {
             GLU_SCRATCH.with_borrow_mut(|(g, u)| {
                 let len = range.len();
@@ -345,7 +352,7 @@ impl Kernels {
                 for t in 0..n {
                     // SAFETY: `range` starts and ends on activation blocks, so bytes `b0..b1` of
                     // token t's row hold exactly its values there, and only this call has them.
-                    let row = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(t * rb + b0), b1 - b0) };
+                    let row = unsafe { dst.row_part(t, b0..b1) };
                     quantize(format, &g[t * len..(t + 1) * len], row);
                 }
             });
@@ -355,6 +362,8 @@ impl Kernels {
     }
 
     fn row_kernel(&self, w: &MatRef, acts: &Acts) -> Result<RowKernel, KernelError> {
+        // The fields are public: a matrix built by hand must still be what the kernels read.
+        w.check()?;
         let format = ActFormat::for_weights(w.ty)?;
         if !acts.format().serves(format) || acts.cols() != w.cols {
             return Err(KernelError::Mismatch {
@@ -370,10 +379,16 @@ impl Kernels {
     /// attached with [`MatRef::with_packed`]; it holds the same weights, so the original bytes
     /// can then be dropped from memory.
     pub fn pack(&self, pool: &Pool, w: &MatRef) -> Option<PackedMat> {
+        w.check().ok()?;
         (self.table.pack)(w, pool)
     }
 
+    // Shapes are checked here, once for every tier: the SIMD tiers load and store whole
+    // vectors up to the length of one slice and trust the others to be as long.
+
+    /// `out = x / sqrt(mean(x²) + eps) * w` (`x`, `w` and `out` of the same length).
     pub fn rms_norm(&self, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+        assert!(w.len() == x.len() && out.len() == x.len(), "rms_norm: lengths differ");
         (self.table.rms_norm)(x, w, eps, out)
     }
 
@@ -381,11 +396,15 @@ impl Kernels {
         (self.table.softmax)(x)
     }
 
+    /// `gate[i] = silu(gate[i]) * up[i]` (`gate` and `up` of the same length).
     pub fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
+        assert_eq!(gate.len(), up.len(), "silu_mul: lengths differ");
         (self.table.silu_mul)(gate, up)
     }
 
+    /// `a · b` (of the same length).
     pub fn dot_f32(&self, a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len(), "dot_f32: lengths differ");
         (self.table.dot_f32)(a, b)
     }
 
@@ -485,16 +504,6 @@ thread_local! {
 /// Activations of fewer values than this are quantized on the calling thread: a parallel region
 /// costs a few microseconds, more than rounding a few tokens (e.g. 8 of SmolLM2's 576 values).
 pub(crate) const SERIAL_VALUES: usize = 1 << 16;
-
-struct SharedBytes(*mut u8);
-// SAFETY: used only to hand disjoint rows of one buffer to different threads.
-unsafe impl Sync for SharedBytes {}
-
-impl SharedBytes {
-    fn ptr(&self) -> *mut u8 {
-        self.0
-    }
-}
 
 fn table_for(tier: KernelTier) -> &'static Table {
     match tier {

@@ -4,7 +4,7 @@
 //!   supported ggml type. These are the references everything faster is tested against.
 //! - [`Kernels`]: one tier's matrix products and vector operations, chosen once at load
 //!   ([`KernelTier`]); the portable reference tier lives in [`scalar`].
-//! - [`Pool`]: the threads that run them.
+//! - [`Pool`]: the threads that run them, and [`DisjointRows`] for the rows they write.
 
 // Kernels index several arrays with one counter, mirroring the reference they are checked
 // against; iterator chains would hide that correspondence.
@@ -15,6 +15,7 @@ mod aarch64;
 pub mod act;
 #[cfg(target_arch = "x86_64")]
 mod amx_perm;
+pub mod disjoint;
 mod dispatch;
 pub mod formats;
 pub mod matmul;
@@ -26,6 +27,7 @@ pub mod tier;
 mod x86;
 
 pub use act::{ActFormat, Acts};
+pub use disjoint::DisjointRows;
 pub use dispatch::{BatchRounding, Kernels, Pages};
 pub use matmul::MatRef;
 pub use pack::PackedMat;
@@ -60,6 +62,9 @@ pub enum KernelError {
     Size { ty: GgmlType, elements: usize, bytes: usize },
     #[error("weights {weights} with {cols} columns do not match activations {acts}")]
     Mismatch { weights: GgmlType, cols: usize, acts: String },
+    /// Arguments whose lengths do not fit together (e.g. values that are not whole rows).
+    #[error("{0}")]
+    Shape(String),
     #[error("kernel tier '{tier}' is not available on this machine (available: {})", available.iter().map(|t| t.name()).collect::<Vec<_>>().join(", "))]
     TierUnavailable { tier: KernelTier, available: Vec<KernelTier> },
 }

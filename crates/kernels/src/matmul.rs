@@ -11,6 +11,7 @@ use onebit_gguf::{GgmlType, Tensor};
 
 use crate::KernelError;
 use crate::act::Acts;
+use crate::disjoint::DisjointRows;
 use crate::pack::PackedMat;
 use crate::scalar::dot::DotFn;
 
@@ -27,16 +28,30 @@ pub struct MatRef<'a> {
 
 impl<'a> MatRef<'a> {
     pub fn new(ty: GgmlType, rows: usize, cols: usize, data: &'a [u8]) -> Result<MatRef<'a>, KernelError> {
+        let w = MatRef { ty, rows, cols, data, packed: None };
+        w.check()?;
+        Ok(w)
+    }
+
+    /// Whether the bytes (and the packed form, if any) hold `rows × cols` weights of `ty`:
+    /// what the kernels read without checking again.
+    pub(crate) fn check(&self) -> Result<(), KernelError> {
+        let (ty, rows, cols) = (self.ty, self.rows, self.cols);
         let want = ty.bytes_for(cols as u64).and_then(|b| b.checked_mul(rows as u64));
-        if want != Some(data.len() as u64) {
-            return Err(KernelError::Size { ty, elements: rows * cols, bytes: data.len() });
+        if want != Some(self.data.len() as u64) {
+            return Err(KernelError::Size { ty, elements: rows.saturating_mul(cols), bytes: self.data.len() });
         }
-        Ok(MatRef { ty, rows, cols, data, packed: None })
+        match self.packed {
+            Some(p) if !p.holds(ty, rows, cols) => {
+                Err(KernelError::Mismatch { weights: ty, cols, acts: format!("a packed matrix of {p:?}") })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The same matrix with its repacked form attached.
     pub fn with_packed(self, packed: Option<&'a PackedMat>) -> MatRef<'a> {
-        MatRef { packed: packed.filter(|p| p.rows == self.rows && p.cols == self.cols && p.ty == self.ty), ..self }
+        MatRef { packed: packed.filter(|p| p.holds(self.ty, self.rows, self.cols)), ..self }
     }
 
     /// A 2-D GGUF tensor: `ne[0]` is the row length.
@@ -68,38 +83,35 @@ impl<'a> MatRef<'a> {
 }
 
 /// Where a kernel writes: `out[t * stride + r - row0]`, shared by threads that own disjoint
-/// rows (`row0` lets a buffer hold just a run of rows starting there).
+/// rows `r` of the weights (`row0` lets a buffer hold just a run of rows starting there). Each
+/// token's results are a row of the buffer ([`DisjointRows`]); a thread writes its run of
+/// weight rows, i.e. a run of values, in every token's row.
 #[derive(Clone, Copy)]
-pub struct OutPtr {
-    ptr: *mut f32,
-    len: usize,
+pub struct OutPtr<'a> {
+    out: DisjointRows<'a, f32>,
     pub stride: usize,
     row0: usize,
 }
 
-// SAFETY: threads write disjoint rows of the output (the driver hands out row ranges once).
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    pub fn new(out: &mut [f32], stride: usize) -> OutPtr {
-        OutPtr { ptr: out.as_mut_ptr(), len: out.len(), stride, row0: 0 }
+impl<'a> OutPtr<'a> {
+    pub fn new(out: &'a mut [f32], stride: usize) -> OutPtr<'a> {
+        OutPtr { out: DisjointRows::new(out, stride), stride, row0: 0 }
     }
 
     /// A buffer for rows `row0 .. row0 + stride` only.
-    pub fn for_rows(out: &mut [f32], row0: usize, stride: usize) -> OutPtr {
-        OutPtr { ptr: out.as_mut_ptr(), len: out.len(), stride, row0 }
+    pub fn for_rows(out: &'a mut [f32], row0: usize, stride: usize) -> OutPtr<'a> {
+        OutPtr { out: DisjointRows::new(out, stride), stride, row0 }
     }
 
     /// Store one result.
     ///
     /// # Safety
-    /// No other thread may write element (t, r) at the same time.
+    /// Element (t, r) must be inside the output, and no other thread may write it at the same
+    /// time.
     #[inline(always)]
     pub unsafe fn write(&self, t: usize, r: usize, v: f32) {
-        let i = t * self.stride + r - self.row0;
-        debug_assert!(i < self.len);
-        unsafe { *self.ptr.add(i) = v };
+        // SAFETY: inside the output and not shared, by the caller's contract.
+        unsafe { *self.ptr_at(t, r) = v };
     }
 
     /// Where element (t, r) lies, for vector stores of a run of rows.
@@ -109,8 +121,9 @@ impl OutPtr {
     #[inline(always)]
     pub unsafe fn ptr_at(&self, t: usize, r: usize) -> *mut f32 {
         let i = t * self.stride + r - self.row0;
-        debug_assert!(i < self.len);
-        unsafe { self.ptr.add(i) }
+        debug_assert!(i < self.out.len());
+        // SAFETY: inside the output, by the caller's contract.
+        unsafe { self.out.ptr_at(i) }
     }
 }
 
@@ -131,7 +144,8 @@ impl RowKernel {
                 for r in rows {
                     let wr = w.row(r);
                     for t in 0..acts.rows() {
-                        // SAFETY: this call owns rows `rows` of the output.
+                        // SAFETY: this call owns rows `rows` of the output, and (t, r) is inside it:
+                        // r < w.rows, t < acts.rows(), and the driver checked the output holds both.
                         unsafe { out.write(t, r, dot(wr, acts.row(t), w.cols)) };
                     }
                 }

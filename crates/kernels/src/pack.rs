@@ -18,6 +18,7 @@
 use onebit_gguf::GgmlType;
 
 use crate::act::AlignedBuf;
+use crate::disjoint::DisjointRows;
 use crate::formats::{BlockQ1_0, blocks};
 use crate::matmul::MatRef;
 use crate::pool::Pool;
@@ -39,6 +40,8 @@ pub struct PackedMat {
     pub group_rows: usize,
     group_bytes: usize,
     buf: AlignedBuf,
+    /// (ty, rows, cols, group_rows) as packed: the public fields can be changed, this cannot.
+    packed_as: (GgmlType, usize, usize, usize),
 }
 
 impl std::fmt::Debug for PackedMat {
@@ -48,6 +51,12 @@ impl std::fmt::Debug for PackedMat {
 }
 
 impl PackedMat {
+    /// Whether this is `rows × cols` weights of `ty`, packed as its fields say.
+    pub fn holds(&self, ty: GgmlType, rows: usize, cols: usize) -> bool {
+        let fields = (self.ty, self.rows, self.cols, self.group_rows);
+        fields == (ty, rows, cols, self.group_rows) && fields == self.packed_as
+    }
+
     pub fn bytes(&self) -> &[u8] {
         self.buf.as_bytes()
     }
@@ -95,15 +104,16 @@ fn pack_groups(
     let groups = w.rows.div_ceil(group_rows);
     // Zeroed: rows past the matrix's end (padding of the last group) stay zero.
     let mut buf = AlignedBuf::zeroed(groups * group_bytes);
-    let out = SharedOut(buf.as_bytes_mut().as_mut_ptr());
+    let out = DisjointRows::new(buf.as_bytes_mut(), group_bytes);
     pool.for_chunks(groups, 1, &|_, range| {
         for g in range {
             // SAFETY: each group's bytes are written by the one thread that took the group.
-            let dst = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(g * group_bytes), group_bytes) };
+            let dst = unsafe { out.row(g) };
             pack(w, g, dst);
         }
     });
-    PackedMat { ty: w.ty, rows: w.rows, cols: w.cols, group_rows, group_bytes, buf }
+    let packed_as = (w.ty, w.rows, w.cols, group_rows);
+    PackedMat { ty: w.ty, rows: w.rows, cols: w.cols, group_rows, group_bytes, buf, packed_as }
 }
 
 /// Where a block's parts lie in the 16 rows of a packed block: the 16 scales at 0, then
@@ -184,15 +194,6 @@ fn transpose8x8(m: [u64; 8]) -> [u64; 8] {
         }
     }
     m
-}
-
-struct SharedOut(*mut u8);
-// SAFETY: hands disjoint groups of one buffer to different threads.
-unsafe impl Sync for SharedOut {}
-impl SharedOut {
-    fn ptr(&self) -> *mut u8 {
-        self.0
-    }
 }
 
 #[cfg(test)]

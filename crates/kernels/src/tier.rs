@@ -38,6 +38,11 @@ impl KernelTier {
 
     /// Whether this build and this CPU can run the tier.
     pub fn is_available(self) -> bool {
+        // Miri interprets no SIMD intrinsics or inline assembly: under it, the scalar tier only
+        // (`scripts/test-sanitizers.sh` checks the SIMD tiers with AddressSanitizer instead).
+        if cfg!(miri) && self != KernelTier::Scalar {
+            return false;
+        }
         match self {
             KernelTier::Scalar => true,
             KernelTier::Avx2 => cpu::has_avx2(),

@@ -16,7 +16,7 @@
 
 use onebit_gguf::GgmlType;
 use onebit_kernels::formats::dequantize;
-use onebit_kernels::{Kernels, Pages, PerThread, Pool};
+use onebit_kernels::{DisjointRows, Kernels, Pages, PerThread, Pool};
 
 use crate::config::Config;
 use crate::kv_cache::{BLOCK_TOKENS, KvPool, KvRow, KvType};
@@ -68,8 +68,9 @@ impl Attention<'_> {
         let c = self.config;
         assert!(out.is_some() || c.head_dim == c.value_dim, "attention in place needs equal head widths");
         let units = self.units();
-        let q = Shared(q.as_mut_ptr(), q.len());
-        let out = out.map_or(Shared(q.0, q.1), |o| Shared(o.as_mut_ptr(), o.len()));
+        // One row per (token, head): units read and write disjoint sets of them.
+        let q = DisjointRows::new(q, c.head_dim);
+        let out = out.map_or(q, |o| DisjointRows::new(o, c.value_dim));
         pool.for_chunks(units.len(), 1, &|tid, range| {
             // SAFETY: `tid` is this thread's own index in the running job.
             let sc = unsafe { scratch.get(tid) };
@@ -98,7 +99,7 @@ impl Attention<'_> {
         units
     }
 
-    fn unit(&self, u: Unit, sc: &mut AttnScratch, q: &Shared, out: &Shared) {
+    fn unit(&self, u: Unit, sc: &mut AttnScratch, q: &DisjointRows<f32>, out: &DisjointRows<f32>) {
         let c = self.config;
         let (d, dv, gsize) = (c.head_dim, c.value_dim, c.group());
         let nq = (u.t1 - u.t0) * gsize;
@@ -112,9 +113,9 @@ impl Attention<'_> {
             for i in 0..gsize {
                 let h = u.group * gsize + i;
                 let dst = &mut sc.q[((t - u.t0) * gsize + i) * d..][..d];
-                // SAFETY: this unit alone reads and writes the heads of `group` of its tokens,
-                // and writes them only at its end.
-                unsafe { q.read(t * c.q_dim() + h * d, dst) };
+                // SAFETY: this unit alone reads and writes the heads of `group` of its tokens
+                // (rows t · n_heads + h), and writes them only at its end, after this read.
+                dst.copy_from_slice(unsafe { q.row(t * c.n_heads + h) });
                 if f16 {
                     self.kernels.round_f16(dst);
                 }
@@ -164,14 +165,13 @@ impl Attention<'_> {
             }
         }
 
-        let width = c.n_heads * dv;
         for t in u.t0..u.t1 {
             for i in 0..gsize {
                 let h = u.group * gsize + i;
                 let src = &sc.out[((t - u.t0) * gsize + i) * dv..][..dv];
                 // SAFETY: unit (sequence, group, tokens) alone writes heads of `group` for
-                // these tokens.
-                unsafe { out.write(t * width + h * dv, src) };
+                // these tokens (rows t · n_heads + h); its reads of them are done.
+                unsafe { out.row(t * c.n_heads + h) }.copy_from_slice(src);
             }
         }
     }
@@ -230,27 +230,5 @@ struct Runs<'k> {
 impl Runs<'_> {
     fn as_pages(&self) -> Pages<'_> {
         if self.f16.is_empty() { Pages::F32(&self.f32) } else { Pages::F16(&self.f16) }
-    }
-}
-
-/// A buffer that units read and write in disjoint ranges from several threads.
-#[derive(Clone, Copy)]
-struct Shared(*mut f32, usize);
-// SAFETY: units touch disjoint ranges (see `unit`).
-unsafe impl Sync for Shared {}
-
-impl Shared {
-    /// # Safety
-    /// No other thread may touch `at .. at + src.len()` at the same time.
-    unsafe fn write(&self, at: usize, src: &[f32]) {
-        assert!(at + src.len() <= self.1);
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.0.add(at), src.len()) };
-    }
-
-    /// # Safety
-    /// No other thread may write `at .. at + dst.len()` at the same time.
-    unsafe fn read(&self, at: usize, dst: &mut [f32]) {
-        assert!(at + dst.len() <= self.1);
-        unsafe { std::ptr::copy_nonoverlapping(self.0.add(at), dst.as_mut_ptr(), dst.len()) };
     }
 }

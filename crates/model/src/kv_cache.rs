@@ -18,9 +18,9 @@
 
 use std::str::FromStr;
 
-use onebit_kernels::Kernels;
 use onebit_kernels::act::quantize_q8_0_act;
 use onebit_kernels::formats::{BlockQ8_0, blocks_mut};
+use onebit_kernels::{DisjointRows, Kernels};
 
 use crate::config::Config;
 use crate::error::ModelError;
@@ -211,11 +211,19 @@ impl KvPool {
     /// A handle that writes layer `layer`'s keys and values of several positions at once, from
     /// several threads (each position is one (block, slot), written by one thread).
     pub(crate) fn writer(&mut self, layer: usize) -> KvWriter<'_> {
-        let (ko, vo) = (self.layer_at(layer, false), self.layer_at(layer, true));
-        // SAFETY: both offsets lie inside the buffer (layer < n_layers); `&mut self` makes the
-        // writer the buffer's only user while it lives.
-        let (keys, values) = unsafe { (self.buf.ptr.add(ko), self.buf.ptr.add(vo)) };
-        KvWriter { keys, k_len: self.k_bytes, values, v_len: self.v_bytes, pool: self }
+        let (ko, k_bytes, v_bytes) = (self.layer_at(layer, false), self.k_bytes, self.v_bytes);
+        let (n_kv_heads, head_dim, value_dim, kv_type) = (self.n_kv_heads, self.head_dim, self.value_dim, self.kv_type);
+        let (keys, values) = self.buf.as_bytes_mut()[ko..ko + k_bytes + v_bytes].split_at_mut(k_bytes);
+        // A layer's keys (values) are rows of `head_dim` (`value_dim`) values, one per
+        // (block, head, slot): row `offset(block, head, slot, width) / width`.
+        KvWriter {
+            keys: DisjointRows::new(keys, kv_type.bytes(head_dim)),
+            values: DisjointRows::new(values, kv_type.bytes(value_dim)),
+            n_kv_heads,
+            head_dim,
+            value_dim,
+            kv_type,
+        }
     }
 
     /// The keys of kv head `head` for every position of `block`.
@@ -232,16 +240,13 @@ impl KvPool {
 
 /// Writes into one layer of a [`KvPool`] from several threads (see [`KvPool::writer`]).
 pub(crate) struct KvWriter<'a> {
-    pool: &'a KvPool,
-    keys: *mut u8,
-    k_len: usize,
-    values: *mut u8,
-    v_len: usize,
+    keys: DisjointRows<'a, u8>,
+    values: DisjointRows<'a, u8>,
+    n_kv_heads: usize,
+    head_dim: usize,
+    value_dim: usize,
+    kv_type: KvType,
 }
-
-// SAFETY: the writer holds the pool's exclusive borrow for its life; threads that share it
-// write disjoint positions (the contract of `write`), and read nothing through it.
-unsafe impl Sync for KvWriter<'_> {}
 
 impl KvWriter<'_> {
     /// Store the key and value of every kv head at `slot` of `block`
@@ -250,39 +255,27 @@ impl KvWriter<'_> {
     /// # Safety
     /// No other thread may write the same (block, slot) through this writer at the same time.
     pub unsafe fn write(&self, kernels: Kernels, block: usize, slot: usize, k: &[f32], v: &[f32]) {
-        let p = self.pool;
-        let ty = p.kv_type;
-        let (d, dv) = (p.head_dim, p.value_dim);
-        // SAFETY (both loops): the offsets lie inside the layer's stores (asserted by `raw`); the
-        // caller guarantees nobody else writes this position's rows.
-        let rows = |h: usize| unsafe {
-            let k = raw(self.keys, self.k_len, ty, p.offset(block, h, slot, d), d);
-            let v = raw(self.values, self.v_len, ty, p.offset(block, h, slot, dv), dv);
-            (k, v)
+        let ty = self.kv_type;
+        let (d, dv) = (self.head_dim, self.value_dim);
+        let rows = |h: usize| {
+            let r = (block * self.n_kv_heads + h) * BLOCK_TOKENS + slot;
+            // SAFETY: (both loops) row `r` of the keys and of the values is position (block,
+            // slot) of head `h`, which the caller guarantees nobody else writes meanwhile (and
+            // each loop's slices are dropped before the next loop takes them again).
+            unsafe { (self.keys.row(r), self.values.row(r)) }
         };
         // The rows are scattered and usually cold: request all their lines first.
-        for h in 0..p.n_kv_heads {
+        for h in 0..self.n_kv_heads {
             let (k, v) = rows(h);
             onebit_kernels::prefetch(k);
             onebit_kernels::prefetch(v);
         }
-        for h in 0..p.n_kv_heads {
+        for h in 0..self.n_kv_heads {
             let (k_out, v_out) = rows(h);
             store_raw(kernels, ty, k_out, &k[h * d..(h + 1) * d]);
             store_raw(kernels, ty, v_out, &v[h * dv..(h + 1) * dv]);
         }
     }
-}
-
-/// The bytes of `n` values at value offset `at` of a store of `len` bytes at `base`.
-///
-/// # Safety
-/// The returned slice must not overlap one that another thread uses.
-unsafe fn raw<'a>(base: *mut u8, len: usize, ty: KvType, at: usize, n: usize) -> &'a mut [u8] {
-    let (start, bytes) = (ty.bytes(at), ty.bytes(n));
-    assert!(start + bytes <= len, "a KV row past the end of its store");
-    // SAFETY: inside the store (just checked); exclusive by the caller's contract.
-    unsafe { std::slice::from_raw_parts_mut(base.add(start), bytes) }
 }
 
 fn store_raw(kernels: Kernels, ty: KvType, out: &mut [u8], x: &[f32]) {
@@ -299,8 +292,11 @@ struct PoolBuf {
     len: usize,
 }
 
-// SAFETY: a plain owned buffer; access goes through `KvPool`'s borrows.
+// SAFETY: a plain owned buffer (like a `Box<[u8]>`, not a view shared by threads): reads go
+// through `&KvPool`, writes through `&mut KvPool` (`KvPool::writer`), so the borrow rules
+// order them.
 unsafe impl Send for PoolBuf {}
+// SAFETY: as for `Send`; `&PoolBuf` gives no way to write.
 unsafe impl Sync for PoolBuf {}
 
 const HUGE_PAGE: usize = 2 << 20;
@@ -355,6 +351,14 @@ impl PoolBuf {
         // SAFETY: the layout has a non-zero size; the allocation is checked for null below.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         (!ptr.is_null()).then_some(PoolBuf { ptr, len })
+    }
+}
+
+impl PoolBuf {
+    fn as_bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `len` initialized (zeroed) bytes that this buffer owns; `&mut self` makes the
+        // slice their only user.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
 

@@ -20,6 +20,7 @@ pub(crate) mod avx2;
 pub(crate) mod avx512;
 
 use crate::act::{ActFormat, Acts};
+use crate::disjoint::DisjointRows;
 use crate::formats::{BlockQ8_0, BlockQ8_1, BlockQ8K, blocks, blocks_mut, f16_to_f32, f32_to_f16};
 use crate::pool::Pool;
 
@@ -67,14 +68,14 @@ pub(crate) type Q8Block = unsafe fn(&[f32], &mut [i8; 32]) -> (f32, i32);
 pub(crate) unsafe fn quantize_q8_with(x: &[f32], out: &mut [u8], with_sum: bool, block: Q8Block) {
     if with_sum {
         for (b, xs) in blocks_mut::<BlockQ8_1>(out).iter_mut().zip(x.chunks_exact(32)) {
-            // SAFETY (caller): the features are there.
+            // SAFETY: the caller's contract: the features are there.
             let (d, sum) = unsafe { block(xs, &mut b.qs) };
             b.d = f32_to_f16(d).to_le_bytes();
             b.s = f32_to_f16(d * sum as f32).to_le_bytes();
         }
     } else {
         for (b, xs) in blocks_mut::<BlockQ8_0>(out).iter_mut().zip(x.chunks_exact(32)) {
-            // SAFETY (caller): as above.
+            // SAFETY: the caller's contract: as above.
             b.d = f32_to_f16(unsafe { block(xs, &mut b.qs) }.0).to_le_bytes();
         }
     }
@@ -115,10 +116,10 @@ pub(crate) fn prepare_planar(pool: &Pool, acts: &mut Acts, lut: bool, extra: usi
     let (rows, cols, rb) = (acts.rows(), acts.cols(), acts.row_bytes());
     let p = Planar::new(cols);
     let (src, aux) = acts.reset_aux(p.row_bytes, extra);
-    let out = SharedMut(aux.as_mut_ptr());
+    let out = DisjointRows::new(aux, p.row_bytes);
     let fill = |t: usize| {
-        // SAFETY: each row index is handed to one thread, and rows do not overlap.
-        let row = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(t * p.row_bytes), p.row_bytes) };
+        // SAFETY: each row index is handed to one thread (the pool's chunks, or this thread).
+        let row = unsafe { out.row(t) };
         // SAFETY: every x86 SIMD tier requires AVX2.
         unsafe { fill_planar_row(format, &src[t * rb..(t + 1) * rb], row, &p, cols) };
         if lut {
@@ -130,15 +131,6 @@ pub(crate) fn prepare_planar(pool: &Pool, acts: &mut Acts, lut: bool, extra: usi
         (0..rows).for_each(fill);
     } else {
         pool.for_chunks(rows, 4, &|_, r| r.for_each(fill));
-    }
-}
-
-struct SharedMut(*mut u8);
-// SAFETY: used to give disjoint rows of one buffer to different threads.
-unsafe impl Sync for SharedMut {}
-impl SharedMut {
-    fn ptr(&self) -> *mut u8 {
-        self.0
     }
 }
 
@@ -279,6 +271,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(miri, ignore = "SIMD code: Miri interprets no vector intrinsics")]
     fn lookup_tables_match_the_reference() {
         let cols = 256;
         let p = Planar::new(cols);

@@ -11,13 +11,21 @@ use crate::formats::*;
 use crate::scalar::dot::DotFn;
 
 pub(super) fn dot_fn(ty: GgmlType) -> Option<DotFn> {
-    // SAFETY (every entry): the NEON table is handed out only after checking NEON and dotprod.
+    // Each dot is a safe function with `#[target_feature]`: calling it needs only the features,
+    // and the NEON table (the only caller) is built only when the CPU reports NEON and dotprod
+    // (`KernelTier::is_available`). The dots index their blocks with bounds checks.
     Some(match ty {
+        // SAFETY: NEON and dotprod are present (see above).
         GgmlType::Q1_0 => |w, a, n| unsafe { dot_q1_0(w, a, n) },
+        // SAFETY: NEON and dotprod are present (see above).
         GgmlType::Q2_0 => |w, a, n| unsafe { dot_q2_0(w, a, n) },
+        // SAFETY: NEON and dotprod are present (see above).
         GgmlType::Q4_0 => |w, a, n| unsafe { dot_q4_0(w, a, n) },
+        // SAFETY: NEON and dotprod are present (see above).
         GgmlType::Q4_1 => |w, a, n| unsafe { dot_q4_1(w, a, n) },
+        // SAFETY: NEON and dotprod are present (see above).
         GgmlType::Q8_0 => |w, a, n| unsafe { dot_q8_0(w, a, n) },
+        // SAFETY: NEON and dotprod are present (see above).
         GgmlType::TQ2_0 => |w, a, n| unsafe { dot_tq2_0(w, a, n) },
         _ => return None,
     })

@@ -169,6 +169,7 @@ fn decode(ty: GgmlType, row: &[u8], blk: usize, kb: usize, v: &mut [i8; 256]) ->
 
 /// For `vpmultishiftqb`: byte i of each 64-bit lane takes bits 2i.. of the lane, except that
 /// lanes 1..4 start 16 bits further each, so four lanes cover the 32 crumbs of 8 bytes.
+// SAFETY: `[u8; 32]` and `__m256i` are both 32 bytes of plain data; every bit pattern is valid.
 const CRUMB_SHIFTS_256: __m256i = unsafe {
     std::mem::transmute::<[u8; 32], __m256i>([
         0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56,
@@ -184,8 +185,13 @@ fn signs(bits: u32) -> __m256i {
 }
 
 /// Q4 layout: byte j holds value j (low nibble) and j + 16 (high nibble).
+///
+/// # Safety
+/// 32 bytes at `out` are writable; AVX2 is present.
 #[inline(always)]
 unsafe fn store_nibbles(qs: &[u8; 16], offset: i8, out: *mut i8) {
+    // SAFETY: the load reads the 16 bytes of `qs`; the store writes the 32 bytes at `out` that
+    // the caller's contract provides, with AVX2 (ditto).
     unsafe {
         let x = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
         let mask = _mm_set1_epi8(0x0f);
@@ -197,8 +203,13 @@ unsafe fn store_nibbles(qs: &[u8; 16], offset: i8, out: *mut i8) {
 }
 
 /// Q5: the nibbles plus bit j of `qh` as 16.
+///
+/// # Safety
+/// 32 bytes at `out` are writable; AVX-512 BW/VL are present.
 #[inline(always)]
 unsafe fn store_q5(qs: &[u8; 16], qh: [u8; 4], offset: i8, out: *mut i8) {
+    // SAFETY: `store_nibbles` writes the 32 bytes at `out` (the caller's contract, which also
+    // gives the AVX-512 BW/VL of the masked add), then they are read back and rewritten.
     unsafe {
         store_nibbles(qs, offset, out);
         let v = _mm256_loadu_si256(out as *const __m256i);

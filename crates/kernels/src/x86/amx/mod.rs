@@ -43,6 +43,7 @@ use onebit_gguf::GgmlType;
 use super::avx512;
 use super::prepare_planar;
 use crate::act::{ActFormat, Acts, AlignedBuf};
+use crate::disjoint::DisjointRows;
 use crate::dispatch::Table;
 use crate::formats::{BlockQ8_0, BlockQ8_1, BlockQ8K, blocks, f16_to_f32};
 use crate::matmul::{MatRef, OutPtr, RowKernel};
@@ -194,8 +195,14 @@ fn prepare(pool: &Pool, acts: &mut Acts, w_tys: &[GgmlType]) {
     }
     let (format, rb, at) = (acts.format(), acts.row_bytes(), rows * acts.aux_row_bytes());
     let (src, aux) = acts.reset_aux(acts.aux_row_bytes(), extra);
-    let out = SharedMut(aux[at..].as_mut_ptr());
+    // The `qs_len + 2 · sc_len` bytes reserved after the rows: per tile, its blocks of quants,
+    // then per tile its scales, then per tile its sums.
+    let (qs, scales) = aux[at..].split_at_mut(qs_len);
+    let (d, s) = scales.split_at_mut(sc_len);
     let nblk = cols / geom.kb;
+    let qs = DisjointRows::new(qs, nblk * geom.block_bytes());
+    let d = DisjointRows::new(bytemuck::cast_slice_mut::<u8, f32>(d), nblk * 16);
+    let s = DisjointRows::new(bytemuck::cast_slice_mut::<u8, f32>(s), nblk * 16);
     let tiles = rows.div_ceil(32) * 2;
     pool.for_chunks(tiles, 1, &|_, range| {
         for tile in range {
@@ -203,31 +210,12 @@ fn prepare(pool: &Pool, acts: &mut Acts, w_tys: &[GgmlType]) {
             let tokens: [&[u8]; 16] =
                 std::array::from_fn(|n| src.get((first + n) * rb..(first + n + 1) * rb).unwrap_or(&[]));
             let tokens = &tokens[..(rows - first).min(16)];
-            let base = out.ptr();
-            // SAFETY: tile `tile` owns its blocks of quants and its scales and sums, which lie
-            // inside the `qs_len + 2 · sc_len` bytes reserved after the rows.
-            unsafe {
-                let qs = std::slice::from_raw_parts_mut(
-                    base.add(tile * nblk * geom.block_bytes()),
-                    nblk * geom.block_bytes(),
-                );
-                let d = std::slice::from_raw_parts_mut(base.add(qs_len + tile * nblk * 64) as *mut f32, nblk * 16);
-                let s =
-                    std::slice::from_raw_parts_mut(base.add(qs_len + sc_len + tile * nblk * 64) as *mut f32, nblk * 16);
-                fill_tile(format, geom, tokens, qs, d, s);
-            }
+            // SAFETY: the pool hands each tile to one thread, and tile `tile` owns row `tile` of
+            // its quants, scales and sums. `fill_tile` needs AVX-512 F/BW/VL and F16C, which
+            // the AMX tier (the only caller, through its table) requires.
+            unsafe { fill_tile(format, geom, tokens, qs.row(tile), d.row(tile), s.row(tile)) };
         }
     });
-}
-
-struct SharedMut(*mut u8);
-// SAFETY: used to hand disjoint parts of one buffer to different threads.
-unsafe impl Sync for SharedMut {}
-
-impl SharedMut {
-    fn ptr(&self) -> *mut u8 {
-        self.0
-    }
 }
 
 /// One 16-token tile of B operands: per block, each token's values and scale (and Q8_1 sum);
@@ -448,7 +436,7 @@ impl Pair {
     unsafe fn product(&self, c: *mut u8, acc: &mut [f32]) {
         assert!(acc.len() >= 1024);
         let acc = acc.as_mut_ptr() as *mut __m512;
-        // SAFETY (caller): as for `product_by`.
+        // SAFETY: the caller's contract: as for `product_by`.
         unsafe {
             match self.group {
                 4 => self.product_by::<4>(c, acc),
@@ -465,6 +453,10 @@ impl Pair {
         let groups = self.nblk / G;
         // Software pipeline: the tile unit computes group `g` while the vector unit scales the
         // stored tiles of `g - 1` (the first group sets the sums, the others add to them).
+        // SAFETY: the caller's contract (`product`'s): the pair's pointers cover `nblk` blocks
+        // of tiles and scales, `c` holds two sets of G stored tiles of 4 KiB (alternating by
+        // group), `acc` 1024 floats, and this thread has configured its tiles. Blocks
+        // `G·g + k` and `G·(g - 1)` are below `nblk`.
         unsafe {
             for g in 0..=groups {
                 if g < groups {
@@ -486,7 +478,7 @@ impl Pair {
     #[inline(always)]
     unsafe fn tiles(&self, blk: usize) {
         let g = self.g;
-        // SAFETY (caller): the block's tiles lie inside the expanded weights and activations.
+        // SAFETY: the caller's contract: the block's tiles lie inside the expanded weights and activations.
         unsafe {
             asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
             for step in 0..g.steps() {
@@ -515,7 +507,7 @@ impl Pair {
     /// Store the four C tiles at `c`.
     #[inline(always)]
     unsafe fn store(c: *mut u8) {
-        // SAFETY (caller): `c` has 4 KiB.
+        // SAFETY: the caller's contract: `c` has 4 KiB.
         unsafe {
             asm!(
                 "tilestored [{c} + {s64} * 1], tmm0",
@@ -532,6 +524,9 @@ impl Pair {
     /// blocks `blk .. blk + G`.
     #[inline(always)]
     unsafe fn scale<const G: usize, const FIRST: bool>(&self, blk: usize, c: *const u8, acc: *mut __m512) {
+        // SAFETY: the caller's contract: G stored sets of four tiles at `c`, the scales (and
+        // offsets and sums) of blocks `blk .. blk + G` at the pair's pointers, 1024 floats
+        // (64 vectors) at `acc`; AVX-512 F from `product`, into which this is inlined.
         unsafe {
             let c = c as *const __m512i;
             for j in 0..2 {

@@ -202,7 +202,7 @@ impl Job {
     #[inline(always)]
     unsafe fn products(&self, a: &Acts0, wb: usize, tiles: usize, b: *const u8, c: *mut u8) {
         let g = self.g;
-        // SAFETY (caller): the operands lie where the offsets say.
+        // SAFETY: the caller's contract: the operands lie where the offsets say.
         unsafe {
             for k in 0..self.group {
                 asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
@@ -247,7 +247,7 @@ impl Job {
         // Bytes between the scales of consecutive activation blocks (Q8_0x4 keeps a scale per
         // 32-block, the four of a 128 equal; Q8_K one per 256).
         let step = if a.x4 { 16 } else { 4 };
-        // SAFETY (caller): the C tiles of the run's blocks are at `c`; `acc` holds TILES × 16
+        // SAFETY: the caller's contract: the C tiles of the run's blocks are at `c`; `acc` holds TILES × 16
         // vectors. Tokens past `m` (up to the next four) read rows of C tiles that exist
         // (1 KiB each) and clamped activation rows, and are never stored.
         unsafe {
@@ -295,7 +295,7 @@ impl Job {
 /// wait for the product before it).
 #[inline(always)]
 unsafe fn product(i: usize, b: *const u8) {
-    // SAFETY (caller): `b` holds a B operand of the configured shape.
+    // SAFETY: the caller's contract: `b` holds a B operand of the configured shape.
     unsafe {
         macro_rules! tile {
             ($c:literal, $b:literal) => {

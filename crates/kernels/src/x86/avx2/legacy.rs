@@ -86,7 +86,7 @@ unsafe fn tile_product(
             }
         };
     }
-    // SAFETY (caller): the features each variant enables are present.
+    // SAFETY: the caller's contract: the features each variant enables are present.
     unsafe {
         match (vnni, kind) {
             (true, Q4_0) => tiles!(true, Q4_0),
@@ -106,7 +106,7 @@ unsafe fn by_features<const VNNI: bool, const KIND: u8, const T: usize>(
     nb: usize,
     a: &[PlanarRow; TILE],
 ) -> TileOut {
-    // SAFETY (caller): AVX2, FMA, F16C (and AVX-VNNI for VNNI) are present.
+    // SAFETY: the caller's contract: AVX2, FMA, F16C (and AVX-VNNI for VNNI) are present.
     unsafe { if VNNI { body_vnni::<KIND, T>(data, nb, a) } else { body_plain::<KIND, T>(data, nb, a) } }
 }
 
@@ -125,7 +125,7 @@ unsafe fn body_plain<const KIND: u8, const T: usize>(data: &[u8], nb: usize, a: 
 /// Σ u·s over each lane's four byte pairs, added to `acc` (u < 128 or s > -128 when !VNNI).
 #[inline(always)]
 unsafe fn dot4<const VNNI: bool>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-    // SAFETY (caller): AVX2 (and AVX-VNNI for VNNI) are enabled.
+    // SAFETY: the caller's contract: AVX2 (and AVX-VNNI for VNNI) are enabled.
     unsafe {
         if VNNI {
             _mm256_dpbusd_avx_epi32(acc, u, s)
@@ -140,7 +140,7 @@ unsafe fn dot4<const VNNI: bool>(acc: __m256i, u: __m256i, s: __m256i) -> __m256
 /// 128) or signed (without VNNI).
 #[inline(always)]
 unsafe fn unpack<const VNNI: bool, const KIND: u8>(blk: *const u8, qs_at: usize, h: usize) -> [__m256i; 8] {
-    // SAFETY (caller): the block holds 8 vectors of 64 bytes at `qs_at`.
+    // SAFETY: the caller's contract: the block holds 8 vectors of 64 bytes at `qs_at`.
     unsafe {
         let vec = |c: usize| _mm256_loadu_si256(blk.add(qs_at + 64 * c + 32 * h) as *const __m256i);
         if KIND == Q8_0 {
@@ -162,7 +162,7 @@ unsafe fn unpack<const VNNI: bool, const KIND: u8>(blk: *const u8, qs_at: usize,
 /// The integer dot products of one unpacked half-block with one token's 32 activations.
 #[inline(always)]
 unsafe fn block_sum<const VNNI: bool, const KIND: u8>(w: &[__m256i; 8], qs: *const i8) -> __m256i {
-    // SAFETY (caller): `qs` points at 32 activations.
+    // SAFETY: the caller's contract: `qs` points at 32 activations.
     unsafe {
         let act = |c: usize| _mm256_set1_epi32(std::ptr::read_unaligned(qs.add(4 * c) as *const i32));
         if VNNI {
@@ -201,7 +201,7 @@ unsafe fn body<const VNNI: bool, const KIND: u8, const T: usize>(
         _ => 0.0,
     };
     let mut res = [[0f32; LEGACY_GROUP]; TILE];
-    // SAFETY (caller): AVX2, FMA, F16C (and AVX-VNNI for VNNI) are enabled. Block `b` lies
+    // SAFETY: the caller's contract: AVX2, FMA, F16C (and AVX-VNNI for VNNI) are enabled. Block `b` lies
     // inside `data`, and each token holds 32 activations, a scale and a sum per block
     // (asserted above).
     unsafe {

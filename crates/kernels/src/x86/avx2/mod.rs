@@ -39,8 +39,10 @@ pub(crate) const TABLE: Table = Table {
 /// Quantize one activation row, bit for bit as the reference does.
 fn quantize_row(format: ActFormat, x: &[f32], out: &mut [u8]) {
     match format {
-        // SAFETY: only reachable through a table handed out after checking AVX2.
+        // SAFETY: only reachable through the AVX2 table, which is built only when the CPU
+        // reports AVX2, FMA and F16C (`KernelTier::is_available`).
         ActFormat::Q8_0 => unsafe { quantize_q8(x, out, false) },
+        // SAFETY: as above.
         ActFormat::Q8_1 => unsafe { quantize_q8(x, out, true) },
         _ => quantize_row_ref(format, x, out),
     }

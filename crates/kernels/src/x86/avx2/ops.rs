@@ -31,13 +31,23 @@ pub(super) fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
 }
 
+/// Lanes `i .. i + 8` of `x`.
+///
+/// # Safety
+/// `i + 8 <= x.len()`, and the CPU has AVX (every caller runs in the AVX2 tier).
 #[inline(always)]
 unsafe fn load(x: &[f32], i: usize) -> __m256 {
+    // SAFETY: `i + 8 <= x.len()` by the contract, so the 8 lanes lie in `x`; AVX by the contract.
     unsafe { _mm256_loadu_ps(x.as_ptr().add(i)) }
 }
 
+/// Store `v` into lanes `i .. i + 8` of `x`.
+///
+/// # Safety
+/// As for [`load`].
 #[inline(always)]
 unsafe fn store(x: &mut [f32], i: usize, v: __m256) {
+    // SAFETY: as in `load`: the 8 lanes lie in `x`, which we borrow mutably; AVX by the contract.
     unsafe { _mm256_storeu_ps(x.as_mut_ptr().add(i), v) }
 }
 
@@ -46,14 +56,15 @@ fn rms_norm_impl(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = x.len();
     let mut acc = _mm256_setzero_pd();
     let mut i = 0;
-    // SAFETY (loads/stores here and below): i + 8 <= n for every vector access.
     while i + 8 <= n {
+        // SAFETY: `i + 8 <= n = x.len()`; this function has AVX2.
         let v = unsafe { load(x, i) };
         let sq = _mm256_mul_ps(v, v);
         acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_castps256_ps128(sq)));
         acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(sq)));
         i += 8;
     }
+    // SAFETY: `__m256d` and `[f64; 4]` are the same 32 bytes of plain f64 lanes.
     let lanes: [f64; 4] = unsafe { std::mem::transmute(acc) };
     let mut sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
     for &v in &x[i..] {
@@ -63,6 +74,7 @@ fn rms_norm_impl(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let s = _mm256_set1_ps(scale);
     let mut i = 0;
     while i + 8 <= n {
+        // SAFETY: `i + 8 <= n`, and `Kernels::rms_norm` checked that `w` and `out` are as long as `x`.
         unsafe { store(out, i, _mm256_mul_ps(_mm256_mul_ps(load(x, i), s), load(w, i))) };
         i += 8;
     }
@@ -80,6 +92,7 @@ fn softmax_impl(x: &mut [f32]) {
     let mut tail = 0.0f32;
     let mut i = 0;
     while i + 8 <= n {
+        // SAFETY: `i + 8 <= n = x.len()`; this function has AVX2 and FMA (`exp_ps`'s features).
         unsafe {
             let e = exp_ps(_mm256_sub_ps(load(x, i), mv));
             sum = _mm256_add_ps(sum, e);
@@ -95,6 +108,7 @@ fn softmax_impl(x: &mut [f32]) {
     let iv = _mm256_set1_ps(inv);
     let mut i = 0;
     while i + 8 <= n {
+        // SAFETY: `i + 8 <= n = x.len()`.
         unsafe { store(x, i, _mm256_mul_ps(load(x, i), iv)) };
         i += 8;
     }
@@ -107,6 +121,7 @@ fn silu_mul_impl(gate: &mut [f32], up: &[f32]) {
     let one = _mm256_set1_ps(1.0);
     let mut i = 0;
     while i + 8 <= n {
+        // SAFETY: `i + 8 <= n`, the shorter of the two lengths; this function has AVX2 and FMA.
         unsafe {
             let g = load(gate, i);
             let e = exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), g));
@@ -136,6 +151,7 @@ fn dot_f32_impl(a: &[f32], b: &[f32]) -> f32 {
     let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     let mut i = 0;
     while i + 16 <= n {
+        // SAFETY: `i + 16 <= n`, the shorter of the two lengths.
         unsafe {
             s0 = _mm256_fmadd_ps(load(a, i), load(b, i), s0);
             s1 = _mm256_fmadd_ps(load(a, i + 8), load(b, i + 8), s1);
@@ -143,6 +159,7 @@ fn dot_f32_impl(a: &[f32], b: &[f32]) -> f32 {
         i += 16;
     }
     while i + 8 <= n {
+        // SAFETY: `i + 8 <= n`, the shorter of the two lengths.
         unsafe { s0 = _mm256_fmadd_ps(load(a, i), load(b, i), s0) };
         i += 8;
     }
@@ -158,6 +175,8 @@ fn f16_to_f32_impl(src: &[u16], dst: &mut [f32]) {
     let n = src.len().min(dst.len());
     let mut i = 0;
     while i + 8 <= n {
+        // SAFETY: `i + 8 <= n`, the shorter of the two lengths (8 halves read, 8 floats written); F16C
+        // enabled.
         unsafe { store(dst, i, _mm256_cvtph_ps(_mm_loadu_si128(src.as_ptr().add(i) as *const __m128i))) };
         i += 8;
     }
@@ -171,6 +190,7 @@ fn f32_to_f16_impl(src: &[f32], dst: &mut [u16]) {
     let n = src.len().min(dst.len());
     let mut i = 0;
     while i + 8 <= n {
+        // SAFETY: `i + 8 <= n`, the shorter of the two lengths; F16C enabled.
         unsafe {
             let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(load(src, i));
             _mm_storeu_si128(dst.as_mut_ptr().add(i) as *mut __m128i, h);
@@ -187,6 +207,7 @@ fn round_f16_impl(x: &mut [f32]) {
     let n = x.len();
     let mut i = 0;
     while i + 8 <= n {
+        // SAFETY: `i + 8 <= n = x.len()`; F16C enabled.
         unsafe {
             let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(load(x, i));
             store(x, i, _mm256_cvtph_ps(h));
@@ -220,15 +241,19 @@ fn gemm_nn_acc_impl(a: &[f32], lda: usize, b: &[f32], n: usize, out: &mut [f32])
             let vecs = ((full - c0) / 8).min(8);
             let mut acc = [_mm256_setzero_ps(); 8];
             for (v, acc) in acc.iter_mut().enumerate().take(vecs) {
+                // SAFETY: `c0 + 8v + 8 <= full <= n = o.len()`.
                 *acc = unsafe { load(o, c0 + 8 * v) };
             }
             for (j, &w) in p.iter().enumerate() {
                 let wv = _mm256_set1_ps(w);
                 for (v, acc) in acc.iter_mut().enumerate().take(vecs) {
+                    // SAFETY: `j < kk = b.len() / n` and `c0 + 8v + 8 <= n`, so the lanes lie in row j of
+                    // `b`.
                     *acc = _mm256_fmadd_ps(wv, unsafe { load(b, j * n + c0 + 8 * v) }, *acc);
                 }
             }
             for (v, acc) in acc.iter().enumerate().take(vecs) {
+                // SAFETY: as for the loads from `o` above.
                 unsafe { store(o, c0 + 8 * v, *acc) };
             }
         }
@@ -238,32 +263,41 @@ fn gemm_nn_acc_impl(a: &[f32], lda: usize, b: &[f32], n: usize, out: &mut [f32])
     }
 }
 
-// Safe entry points for the table. SAFETY (all): the AVX2 table is only handed out after the
-// CPU reported AVX2, FMA and F16C; `Kernels` checked the slice shapes.
+// Safe entry points for the table.
 pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    // SAFETY: the AVX2 table (the only caller) is built only when the CPU reports AVX2, FMA and F16C
+    // (`KernelTier::is_available`); `Kernels` checked the lengths.
     unsafe { rms_norm_impl(x, w, eps, out) }
 }
 pub(crate) fn softmax(x: &mut [f32]) {
+    // SAFETY: AVX2 tier (see `rms_norm`); one slice, any length.
     unsafe { softmax_impl(x) }
 }
 pub(crate) fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    // SAFETY: AVX2 tier (see `rms_norm`); the kernel stops at the shorter slice.
     unsafe { silu_mul_impl(gate, up) }
 }
 pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    // SAFETY: AVX2 tier (see `rms_norm`); the kernel stops at the shorter slice.
     unsafe { dot_f32_impl(a, b) }
 }
 pub(crate) fn f16_to_f32(src: &[u16], dst: &mut [f32]) {
+    // SAFETY: AVX2 tier, F16C included (see `rms_norm`); the kernel stops at the shorter slice.
     unsafe { f16_to_f32_impl(src, dst) }
 }
 pub(crate) fn f32_to_f16(src: &[f32], dst: &mut [u16]) {
+    // SAFETY: AVX2 tier, F16C included (see `rms_norm`); the kernel stops at the shorter slice.
     unsafe { f32_to_f16_impl(src, dst) }
 }
 pub(crate) fn round_f16(x: &mut [f32]) {
+    // SAFETY: AVX2 tier, F16C included (see `rms_norm`); one slice, any length.
     unsafe { round_f16_impl(x) }
 }
 pub(crate) fn gemm_nt(a: &[f32], b: &[f32], k: usize, out: &mut [f32], ldo: usize) {
+    // SAFETY: AVX2 tier (see `rms_norm`); the products index `out` with bounds checks.
     unsafe { gemm_nt_impl(a, b, k, out, ldo) }
 }
 pub(crate) fn gemm_nn_acc(a: &[f32], lda: usize, b: &[f32], n: usize, out: &mut [f32]) {
+    // SAFETY: AVX2 tier (see `rms_norm`); every vector access is inside a slice the kernel took (see there).
     unsafe { gemm_nn_acc_impl(a, lda, b, n, out) }
 }

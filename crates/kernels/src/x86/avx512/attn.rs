@@ -73,7 +73,8 @@ pub(super) trait Elem: Copy {
 impl Elem for f32 {
     #[inline(always)]
     unsafe fn load(p: *const f32, m: __mmask16) -> __m512 {
-        // SAFETY (caller).
+        // SAFETY: the lanes of `m` lie inside one slice, and AVX-512 F is present (the
+        // contract of `Elem::load`).
         unsafe { _mm512_maskz_loadu_ps(m, p) }
     }
 }
@@ -81,7 +82,9 @@ impl Elem for f32 {
 impl Elem for u16 {
     #[inline(always)]
     unsafe fn load(p: *const u16, m: __mmask16) -> __m512 {
-        // SAFETY (caller); F16C comes with every AVX-512 CPU this tier runs on.
+        // SAFETY: the lanes of `m` lie inside one slice, and AVX-512 F is present (the
+        // contract of `Elem::load`); F16C too: the AVX-512 tier requires the AVX2 tier's
+        // features, F16C among them (`KernelTier::is_available`).
         unsafe { _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p as *const i16)) }
     }
 }
@@ -152,7 +155,9 @@ unsafe fn cols<B: Elem, const R: usize, const C: usize>(
     let mut j = 0;
     while j < n {
         let c = (n - j).min(C);
-        // SAFETY (caller): as for `block`; the last block repeats row n - 1 past the end.
+        // SAFETY: the caller's contract (R rows of `k` at `a`, `n` rows of `k` in `b`, R rows
+        // of `n` at `out`, `ldo` apart), so every row pointer is row j + q.min(c - 1) < n of `b`
+        // (the last block repeats row n - 1 past the end) and `block` gets its contract.
         unsafe {
             let rows: [*const B; C] = std::array::from_fn(|q| b.as_ptr().add((j + q.min(c - 1)) * k));
             block::<B, R, C>(a, &rows, k, out.add(j), ldo, c);
@@ -171,7 +176,8 @@ unsafe fn block<B: Elem, const R: usize, const C: usize>(
     ldo: usize,
     c: usize,
 ) {
-    // SAFETY (caller): R rows of `k` at `a`, C rows of `k` at `rows`, R rows of `c` at `out`.
+    // SAFETY: the caller's contract: R rows of `k` at `a`, C rows of `k` at `rows`, R rows of
+    // `c` at `out` (`ldo` apart), and AVX-512 F/BW/VL present.
     unsafe {
         let mut acc = [[_mm512_setzero_ps(); C]; R];
         let full = k / 16 * 16;
@@ -208,7 +214,8 @@ unsafe fn chunk<B: Elem, const R: usize, const C: usize>(
     d: usize,
     m: __mmask16,
 ) {
-    // SAFETY (caller): the lanes of `m` from `d` lie inside every row.
+    // SAFETY: the caller's contract: the lanes of `m` from `d` lie inside every row, and
+    // AVX-512 F is present.
     unsafe {
         let av: [__m512; R] = std::array::from_fn(|r| _mm512_maskz_loadu_ps(m, a.add(r * k + d)));
         for q in 0..C {
@@ -225,7 +232,7 @@ unsafe fn chunk<B: Elem, const R: usize, const C: usize>(
 /// w_0 + w_1.
 #[inline(always)]
 unsafe fn hsum16(v: &[__m512; 16]) -> __m512 {
-    // SAFETY (caller): AVX-512 F is present.
+    // SAFETY: the caller's contract: AVX-512 F is present (register operations only).
     unsafe {
         // [x_a + x_a' | x_b + x_b'], halves 256 bits apart.
         // (x_lo + x_hi in the low half, y_hi + y_lo in the high half: one shuffle and a blend.)
@@ -289,7 +296,9 @@ unsafe fn acc_rows<B: Elem, const R: usize>(
     width: usize,
     o: *mut f32,
 ) {
-    // SAFETY (caller): as for `acc_cols`.
+    // SAFETY: the caller's contract is `acc_cols`' (R rows of `n` at `o`, their `kk` weights
+    // at `p`, `lda` apart; columns `c0 .. c0 + width` inside every row), and `width <= 128`
+    // makes `width.div_ceil(16)` the V it needs.
     unsafe {
         match width.div_ceil(16) {
             8 => acc_cols::<B, 8, R>(p, lda, pages, n, c0, width, o),
@@ -318,6 +327,10 @@ unsafe fn acc_cols<B: Elem, const V: usize, const R: usize>(
     width: usize,
     o: *mut f32,
 ) {
+    // SAFETY: the caller's contract: R rows of `n` outputs at `o` and R rows of weights at
+    // `p` (`lda` apart, one weight per row of the runs), columns `c0 .. c0 + width` inside
+    // every output row and every row of the runs (rows of `n`); `lanes` masks the last vector
+    // to `width`. AVX-512 F/BW/VL present.
     unsafe {
         // Every vector but the last is whole.
         let last = mask(width - 16 * (V - 1));
@@ -372,32 +385,43 @@ unsafe fn acc_cols<B: Elem, const V: usize, const R: usize>(
     }
 }
 
-// Safe entry points for the table. SAFETY (all): the AVX-512 table is only handed out after
-// the CPU reported these features; `Kernels` checked the slice shapes.
+// Safe entry points for the table.
 pub(crate) fn f16_to_f32(src: &[u16], dst: &mut [f32]) {
+    // SAFETY: the AVX-512 table (the only caller) is built only when the CPU reports AVX-512
+    // F/BW/VL and VNNI besides the AVX2 tier's features, F16C among them
+    // (`KernelTier::is_available`); the kernel stops at the shorter slice.
     unsafe { f16_to_f32_impl(src, dst) }
 }
 pub(crate) fn f32_to_f16(src: &[f32], dst: &mut [u16]) {
+    // SAFETY: AVX-512 tier (see `f16_to_f32`); the kernel stops at the shorter slice.
     unsafe { f32_to_f16_impl(src, dst) }
 }
 pub(crate) fn round_f16(x: &mut [f32]) {
+    // SAFETY: AVX-512 tier (see `f16_to_f32`); one slice, any length.
     unsafe { round_f16_impl(x) }
 }
 pub(crate) fn gemm_nt(a: &[f32], b: &[f32], k: usize, out: &mut [f32], ldo: usize) {
+    // SAFETY: AVX-512 tier (see `f16_to_f32`); the kernel asserts its rows lie in its slices.
     unsafe { gemm_nt_impl(a, &[b], k, out, ldo) }
 }
 pub(crate) fn gemm_nn_acc(a: &[f32], lda: usize, b: &[f32], n: usize, out: &mut [f32]) {
+    // SAFETY: AVX-512 tier (see `f16_to_f32`); the kernel asserts its rows lie in its slices.
     unsafe { gemm_nn_acc_impl(a, lda, &[b], n, out) }
 }
 pub(crate) fn gemm_nt_pages(a: &[f32], pages: Pages, k: usize, out: &mut [f32], ldo: usize) {
     match pages {
+        // SAFETY: AVX-512 tier (see `f16_to_f32`); the kernel asserts its rows lie in its
+        // slices, and `Kernels` checked that every run is whole rows.
         Pages::F32(p) => unsafe { gemm_nt_impl(a, p, k, out, ldo) },
+        // SAFETY: as above.
         Pages::F16(p) => unsafe { gemm_nt_impl(a, p, k, out, ldo) },
     }
 }
 pub(crate) fn gemm_nn_acc_pages(a: &[f32], lda: usize, pages: Pages, n: usize, out: &mut [f32]) {
     match pages {
+        // SAFETY: as for `gemm_nt_pages`.
         Pages::F32(p) => unsafe { gemm_nn_acc_impl(a, lda, p, n, out) },
+        // SAFETY: as above.
         Pages::F16(p) => unsafe { gemm_nn_acc_impl(a, lda, p, n, out) },
     }
 }

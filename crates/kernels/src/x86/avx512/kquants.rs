@@ -24,10 +24,14 @@ pub(super) fn kernel(ty: GgmlType) -> Option<RowKernel> {
     Some(RowKernel::Tiled(f))
 }
 
+/// The first 32 bytes of `p` (bytes or signed bytes). The length check folds away: every caller
+/// slices a block's fixed-size array at a constant distance from its end.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-fn load32(p: *const u8) -> __m256i {
-    unsafe { _mm256_loadu_si256(p as *const __m256i) }
+fn load32<T: Copy>(p: &[T]) -> __m256i {
+    assert!(std::mem::size_of_val(p) >= 32);
+    // SAFETY: 32 bytes inside `p` (just checked); an unaligned load.
+    unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
 }
 
 /// Two 16-weight groups' scales as i32 lanes: lanes 0..4 `lo`, lanes 4..8 `hi`.
@@ -67,12 +71,12 @@ unsafe fn dot_q2_k(w: &[u8], a: &[u8], n: usize) -> f32 {
             *m = (b.scales[g] >> 4) as i32;
         }
         for grp in 0..2 {
-            let q = load32(b.qs[32 * grp..].as_ptr());
+            let q = load32(&b.qs[32 * grp..]);
             for s in 0..4 {
                 let codes = _mm256_and_si256(_mm256_srl_epi16(q, _mm_set_epi64x(0, 2 * s as i64)), three);
                 let sub = 8 * grp + 2 * s;
                 let sc = pair((b.scales[sub] & 0x0f) as i32, (b.scales[sub + 1] & 0x0f) as i32);
-                acc = acc_u8(acc, codes, load32(y.qs[128 * grp + 32 * s..].as_ptr() as *const u8), sc);
+                acc = acc_u8(acc, codes, load32(&y.qs[128 * grp + 32 * s..]), sc);
             }
         }
         sumf += y.d * d16(b.d) * hsum_i32(acc) as f32 - y.d * d16(b.dmin) * min_term(&mins, y) as f32;
@@ -86,10 +90,10 @@ unsafe fn dot_q3_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     let mut sumf = 0.0f32;
     for (b, y) in blocks::<BlockQ3K>(w)[..n / QK_K].iter().zip(blocks::<BlockQ8K>(a)) {
         let scales = q3k_scales(&b.scales);
-        let hmask = load32(b.hmask.as_ptr());
+        let hmask = load32(&b.hmask[..]);
         let mut acc = _mm256_setzero_si256();
         for grp in 0..2 {
-            let q = load32(b.qs[32 * grp..].as_ptr());
+            let q = load32(&b.qs[32 * grp..]);
             for s in 0..4 {
                 let low = _mm256_and_si256(_mm256_srl_epi16(q, _mm_set_epi64x(0, 2 * s as i64)), three);
                 let bit = (4 * grp + s) as i64;
@@ -98,7 +102,7 @@ unsafe fn dot_q3_k(w: &[u8], a: &[u8], n: usize) -> f32 {
                 let v = _mm256_sub_epi8(_mm256_add_epi8(low, _mm256_slli_epi16::<2>(high)), four);
                 let sub = 8 * grp + 2 * s;
                 let sc = pair(scales[sub] as i32, scales[sub + 1] as i32);
-                acc = acc_s8(acc, v, load32(y.qs[128 * grp + 32 * s..].as_ptr() as *const u8), sc);
+                acc = acc_s8(acc, v, load32(&y.qs[128 * grp + 32 * s..]), sc);
             }
         }
         sumf += d16(b.d) * y.d * hsum_i32(acc) as f32;
@@ -113,9 +117,9 @@ fn k4_block(d: [u8; 2], dmin: [u8; 2], scales: &[u8; 12], qs: &[u8; 128], qh: Op
     let (mask, one) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(1));
     let mut acc = _mm256_setzero_si256();
     let mut mins = [0i32; 16];
-    let high = qh.map(|h| load32(h.as_ptr()));
+    let high = qh.map(|h| load32(&h[..]));
     for j in 0..4 {
-        let v = load32(qs[32 * j..].as_ptr());
+        let v = load32(&qs[32 * j..]);
         let mut lo = _mm256_and_si256(v, mask);
         let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
         if let Some(h) = high {
@@ -125,8 +129,8 @@ fn k4_block(d: [u8; 2], dmin: [u8; 2], scales: &[u8; 12], qs: &[u8; 128], qh: Op
         }
         let (sc0, m0) = scale_min_k4(2 * j, scales);
         let (sc1, m1) = scale_min_k4(2 * j + 1, scales);
-        acc = acc_u8(acc, lo, load32(y.qs[64 * j..].as_ptr() as *const u8), pair(sc0 as i32, sc0 as i32));
-        acc = acc_u8(acc, hi, load32(y.qs[64 * j + 32..].as_ptr() as *const u8), pair(sc1 as i32, sc1 as i32));
+        acc = acc_u8(acc, lo, load32(&y.qs[64 * j..]), pair(sc0 as i32, sc0 as i32));
+        acc = acc_u8(acc, hi, load32(&y.qs[64 * j + 32..]), pair(sc1 as i32, sc1 as i32));
         mins[4 * j] = m0 as i32;
         mins[4 * j + 1] = m0 as i32;
         mins[4 * j + 2] = m1 as i32;
@@ -168,12 +172,13 @@ unsafe fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     for (b, y) in blocks::<BlockQ6K>(w)[..n / QK_K].iter().zip(blocks::<BlockQ8K>(a)) {
         // SAFETY: every load reads inside block `b` or `y`.
         let scales = _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(b.scales.as_ptr() as *const __m128i) });
+        // SAFETY: `bsums` is 16 i16, the 32 bytes loaded.
         let bsums = unsafe { _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i) };
         let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(scales, bsums));
         let mut acc = _mm256_sub_epi32(_mm256_setzero_si256(), offset);
         for half in 0..2 {
-            let (l0, l1) = (load32(b.ql[64 * half..].as_ptr()), load32(b.ql[64 * half + 32..].as_ptr()));
-            let h = load32(b.qh[32 * half..].as_ptr());
+            let (l0, l1) = (load32(&b.ql[64 * half..]), load32(&b.ql[64 * half + 32..]));
+            let h = load32(&b.qh[32 * half..]);
             let hb =
                 |k: i64| _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srl_epi16(h, _mm_set_epi64x(0, k)), three));
             let quarters = [
@@ -184,7 +189,7 @@ unsafe fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
             ];
             for (qi, q) in quarters.into_iter().enumerate() {
                 let sc = _mm256_permutexvar_epi16(pick[4 * half + qi], scales);
-                let x = load32(y.qs[128 * half + 32 * qi..].as_ptr() as *const u8);
+                let x = load32(&y.qs[128 * half + 32 * qi..]);
                 acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), sc));
             }
         }

@@ -111,16 +111,22 @@ const PREFETCH_BLOCKS: usize = 2;
 /// `p = C_0·d_a0`, `p = fma(C_k, d_ak, p)` for the other three 32-blocks, `acc = fma(p, d_w,
 /// acc)`; with Q8_0x4 (`X4`: one scale for the 128) the four sums are added as integers (at
 /// most 128 · 127, so i16 holds them) and `p = C·d_a`.
+///
+/// # Safety
+/// `data` is a group of a packed Q1_0 matrix of `nb` 128-blocks (`nb · Q1_GROUP_BLOCK` bytes),
+/// and `a` a planar row of `128 · nb` values with its lookup tables and `4 · nb` scales.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, nb: usize) -> [__m512; 4] {
     let m = _mm512_set1_epi8(0x0f);
     let mut acc = [_mm512_setzero_ps(); 4];
     for b in 0..nb {
+        // SAFETY: block `b < nb` of the group (the contract).
         let blk = unsafe { data.as_ptr().add(b * Q1_GROUP_BLOCK) };
         // The weights stream from memory once: ask for the block after next now.
         let ahead = data.as_ptr().wrapping_add((b + PREFETCH_BLOCKS) * Q1_GROUP_BLOCK);
         if (b + PREFETCH_BLOCKS) < nb {
             for line in (0..Q1_GROUP_BLOCK).step_by(64) {
+                // SAFETY: block `b + PREFETCH_BLOCKS < nb` of the group; a prefetch cannot fault.
                 unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.add(line) as *const i8) };
             }
         }
@@ -133,6 +139,10 @@ unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, nb: usize) -> [__
                 s_hi = _mm512_setzero_si512();
             }
             for j in 0..4 {
+                // SAFETY: vector `4k + j` of the 16 sign-bit vectors after the block's 64 scales
+                // (`2 · GROUP + 16 · 64 = Q1_GROUP_BLOCK` bytes), and the 64 table bytes of
+                // value group `32b + 8k + 2j` (two of 32) of the row's `128 · nb / 4` (the
+                // contract).
                 unsafe {
                     let wv = _mm512_loadu_si512(blk.add(2 * GROUP + (4 * k + j) * 64) as *const _);
                     let lo = _mm512_and_si512(wv, m);
@@ -151,6 +161,7 @@ unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, nb: usize) -> [__
             if X4 && k < 3 {
                 continue;
             }
+            // SAFETY: scale `4b + k < 4 · nb` of the row (the contract).
             let d = _mm512_set1_ps(unsafe { *a.scales.get_unchecked(4 * b + if X4 { 0 } else { k }) });
             let parts = [
                 _mm512_cvtepi16_epi32(_mm512_castsi512_si256(s_lo)),
@@ -164,6 +175,7 @@ unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, nb: usize) -> [__
             }
         }
         for (q, tq) in t.iter().enumerate() {
+            // SAFETY: scales `16q .. 16q + 16` of the block's 64 (f16, at its start).
             let d0 = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32 * q) as *const __m256i)) };
             acc[q] = _mm512_fmadd_ps(*tq, d0, acc[q]);
         }
@@ -194,41 +206,61 @@ pub(super) fn hsum_i32(v: __m256i) -> i32 {
     _mm512_reduce_add_epi32(_mm512_zextsi256_si512(v))
 }
 
+/// The lanes of a vector of 16 that hold values `i .. n` (all 16 when 16 or more remain).
+#[inline(always)]
+fn lanes(i: usize, n: usize) -> __mmask16 {
+    (((1u32 << (n - i).min(16)) - 1) & 0xffff) as __mmask16
+}
+
+// The float-weight dots: rows of any width (their activations are f32, one value a block), so
+// the last vector is masked to the row's end.
+//
+// Safety (all three): `w` holds `n` weights of the type, `a` `n` f32 (`byte_rows` passes a row
+// of the matrix and one of the activations, which `Kernels` checked are `cols` wide); the
+// features enabled are present (the AVX-512 tier).
+
 #[target_feature(enable = "avx512f")]
 unsafe fn dot_f32w(w: &[u8], a: &[u8], n: usize) -> f32 {
     let a: &[f32] = bytemuck::cast_slice(a);
     let mut acc = _mm512_setzero_ps();
     for i in (0..n).step_by(16) {
+        let m = lanes(i, n);
+        // SAFETY: the lanes of `m` are values `i .. min(i + 16, n)`, inside both rows (the
+        // contract above); masked-off lanes are not read.
         unsafe {
-            let wv = _mm512_loadu_ps(w.as_ptr().add(4 * i) as *const f32);
-            acc = _mm512_fmadd_ps(wv, _mm512_loadu_ps(a.as_ptr().add(i)), acc);
+            let wv = _mm512_maskz_loadu_ps(m, w.as_ptr().add(4 * i) as *const f32);
+            acc = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, a.as_ptr().add(i)), acc);
         }
     }
     _mm512_reduce_add_ps(acc)
 }
 
-#[target_feature(enable = "avx512f,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 unsafe fn dot_f16w(w: &[u8], a: &[u8], n: usize) -> f32 {
     let a: &[f32] = bytemuck::cast_slice(a);
     let mut acc = _mm512_setzero_ps();
     for i in (0..n).step_by(16) {
+        let m = lanes(i, n);
+        // SAFETY: as in `dot_f32w`, for 16 halves and 16 floats.
         unsafe {
-            let wv = _mm512_cvtph_ps(_mm256_loadu_si256(w.as_ptr().add(2 * i) as *const __m256i));
-            acc = _mm512_fmadd_ps(wv, _mm512_loadu_ps(a.as_ptr().add(i)), acc);
+            let wv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w.as_ptr().add(2 * i) as *const i16));
+            acc = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, a.as_ptr().add(i)), acc);
         }
     }
     _mm512_reduce_add_ps(acc)
 }
 
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn dot_bf16w(w: &[u8], a: &[u8], n: usize) -> f32 {
     let a: &[f32] = bytemuck::cast_slice(a);
     let mut acc = _mm512_setzero_ps();
     for i in (0..n).step_by(16) {
+        let m = lanes(i, n);
+        // SAFETY: as in `dot_f32w`, for 16 bfloat16 and 16 floats.
         unsafe {
-            let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(w.as_ptr().add(2 * i) as *const __m256i));
+            let h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, w.as_ptr().add(2 * i) as *const i16));
             let wv = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h));
-            acc = _mm512_fmadd_ps(wv, _mm512_loadu_ps(a.as_ptr().add(i)), acc);
+            acc = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, a.as_ptr().add(i)), acc);
         }
     }
     _mm512_reduce_add_ps(acc)

@@ -53,8 +53,10 @@ pub(crate) fn row_kernel(ty: GgmlType) -> Option<RowKernel> {
 /// Quantize one activation row, bit for bit as the reference does.
 pub(crate) fn quantize_row(format: ActFormat, x: &[f32], out: &mut [u8]) {
     match format {
-        // SAFETY: only reachable through a table handed out after checking AVX-512 F/BW.
+        // SAFETY: only reachable through the AVX-512 table, which is built only when the CPU
+        // reports AVX-512 F/BW/VL (`KernelTier::is_available`).
         ActFormat::Q8_0 => unsafe { quantize_q8(x, out, false) },
+        // SAFETY: as above.
         ActFormat::Q8_1 => unsafe { quantize_q8(x, out, true) },
         // SAFETY: as above.
         ActFormat::Q8_0x4 => unsafe { quantize_q8_0x4(x, out) },
@@ -67,6 +69,8 @@ pub(crate) fn quantize_row(format: ActFormat, x: &[f32], out: &mut [u8]) {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 fn q8_block(x: &[f32], qs: &mut [i8; 32]) -> (f32, i32) {
+    assert!(x.len() >= 32);
+    // SAFETY: two vectors of 16 inside `x` (just checked).
     let (v0, v1) = unsafe { (_mm512_loadu_ps(x.as_ptr()), _mm512_loadu_ps(x.as_ptr().add(16))) };
     q8_block_with(x, _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1))), qs)
 }
@@ -75,12 +79,15 @@ fn q8_block(x: &[f32], qs: &mut [i8; 32]) -> (f32, i32) {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 fn q8_block_with(x: &[f32], amax: f32, qs: &mut [i8; 32]) -> (f32, i32) {
+    assert!(x.len() >= 32);
+    // SAFETY: two vectors of 16 inside `x` (just checked).
     let (v0, v1) = unsafe { (_mm512_loadu_ps(x.as_ptr()), _mm512_loadu_ps(x.as_ptr().add(16))) };
     let id = _mm512_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
     const RNE: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     let i0 = _mm512_cvtps_epi32(_mm512_roundscale_ps::<RNE>(_mm512_mul_ps(v0, id)));
     let i1 = _mm512_cvtps_epi32(_mm512_roundscale_ps::<RNE>(_mm512_mul_ps(v1, id)));
     let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+    // SAFETY: two stores of 16 bytes into the 32 of `qs`.
     unsafe {
         _mm_storeu_si128(qs.as_mut_ptr() as *mut __m128i, _mm512_cvtsepi32_epi8(i0));
         _mm_storeu_si128(qs.as_mut_ptr().add(16) as *mut __m128i, _mm512_cvtsepi32_epi8(i1));
@@ -94,8 +101,8 @@ fn quantize_q8_0x4(x: &[f32], out: &mut [u8]) {
     for (four, xs) in
         crate::formats::blocks_mut::<crate::formats::BlockQ8_0>(out).chunks_exact_mut(4).zip(x.chunks_exact(128))
     {
-        // SAFETY: `xs` holds 128 values, eight vectors.
         let amax = (0..8).fold(_mm512_setzero_ps(), |m, i| {
+            // SAFETY: `xs` holds 128 values, eight vectors.
             _mm512_max_ps(m, _mm512_abs_ps(unsafe { _mm512_loadu_ps(xs.as_ptr().add(16 * i)) }))
         });
         let amax = _mm512_reduce_max_ps(amax);

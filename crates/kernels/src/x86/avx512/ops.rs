@@ -56,11 +56,12 @@ fn hsum(v: __m512) -> f32 {
     _mm512_reduce_add_ps(v)
 }
 
-/// Load up to 16 floats (zero beyond `n`).
+/// Load the first up to 16 floats of `x` (zero beyond its end).
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn load_tail(x: &[f32], n: usize) -> __m512 {
-    let mask = ((1u32 << n) - 1) as u16;
+fn load_tail(x: &[f32]) -> __m512 {
+    let mask = ((1u32 << x.len().min(16)) - 1) as u16;
+    // SAFETY: the mask enables only lanes below `x.len()`; masked-off lanes are not read.
     unsafe { _mm512_maskz_loadu_ps(mask, x.as_ptr()) }
 }
 
@@ -71,6 +72,7 @@ fn rms_norm_impl(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let mut acc = _mm512_setzero_pd();
     let mut i = 0;
     while i + 16 <= n {
+        // SAFETY: `i + 16 <= n = x.len()`; this function has AVX-512 F.
         let v = unsafe { _mm512_loadu_ps(x.as_ptr().add(i)) };
         let sq = _mm512_mul_ps(v, v);
         acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm512_castps512_ps256(sq)));
@@ -85,6 +87,7 @@ fn rms_norm_impl(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let s = _mm512_set1_ps(scale);
     let mut i = 0;
     while i + 16 <= n {
+        // SAFETY: `i + 16 <= n`, and `Kernels::rms_norm` checked that `w` and `out` are as long as `x`.
         unsafe {
             let v =
                 _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x.as_ptr().add(i)), s), _mm512_loadu_ps(w.as_ptr().add(i)));
@@ -103,9 +106,10 @@ fn softmax_impl(x: &mut [f32]) {
     let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
     for c in x.chunks(16) {
         let v = if c.len() == 16 {
+            // SAFETY: the chunk holds 16 floats.
             unsafe { _mm512_loadu_ps(c.as_ptr()) }
         } else {
-            _mm512_mask_blend_ps(((1u32 << c.len()) - 1) as u16, m, load_tail(c, c.len()))
+            _mm512_mask_blend_ps(((1u32 << c.len()) - 1) as u16, m, load_tail(c))
         };
         m = _mm512_max_ps(m, v);
     }
@@ -116,6 +120,8 @@ fn softmax_impl(x: &mut [f32]) {
     while i < n {
         let k = (n - i).min(16);
         let mask = ((1u32 << k) - 1) as u16;
+        // SAFETY: the mask enables lanes `i .. i + k` with `i + k <= n = x.len()`; masked-off lanes are
+        // neither read nor written.
         unsafe {
             let v = _mm512_maskz_loadu_ps(mask, x.as_ptr().add(i));
             let e = _mm512_maskz_mov_ps(mask, exp_ps(_mm512_sub_ps(v, mv)));
@@ -129,6 +135,7 @@ fn softmax_impl(x: &mut [f32]) {
     while i < n {
         let k = (n - i).min(16);
         let mask = ((1u32 << k) - 1) as u16;
+        // SAFETY: as above: only lanes below `n = x.len()` are enabled.
         unsafe {
             let v = _mm512_maskz_loadu_ps(mask, x.as_ptr().add(i));
             _mm512_mask_storeu_ps(x.as_mut_ptr().add(i), mask, _mm512_mul_ps(v, inv));
@@ -145,6 +152,7 @@ fn silu_mul_impl(gate: &mut [f32], up: &[f32]) {
     while i < n {
         let k = (n - i).min(16);
         let mask = ((1u32 << k) - 1) as u16;
+        // SAFETY: the mask enables lanes `i .. i + k` with `i + k <= n`, the shorter of the two lengths.
         unsafe {
             let g = _mm512_maskz_loadu_ps(mask, gate.as_ptr().add(i));
             let u = _mm512_maskz_loadu_ps(mask, up.as_ptr().add(i));
@@ -161,6 +169,8 @@ fn dot_f32_impl(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     let mut i = 0;
+    // SAFETY: full loads at `i + 32 <= n`, masked loads of lanes below `n`; `n` is the shorter of the two
+    // lengths.
     unsafe {
         while i + 32 <= n {
             s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a.as_ptr().add(i)), _mm512_loadu_ps(b.as_ptr().add(i)), s0);
@@ -181,17 +191,21 @@ fn dot_f32_impl(a: &[f32], b: &[f32]) -> f32 {
     hsum(_mm512_add_ps(s0, s1))
 }
 
-// Safe entry points for the table. SAFETY (all): the AVX-512 table is only handed out by
-// `Kernels::new` after `KernelTier::Avx512.is_available()` confirmed these features.
+// Safe entry points for the table.
 pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    // SAFETY: the AVX-512 table (the only caller) is built only when the CPU reports AVX-512 F/BW/VL and VNNI
+    // (`KernelTier::is_available`); `Kernels` checked the lengths.
     unsafe { rms_norm_impl(x, w, eps, out) }
 }
 pub(crate) fn softmax(x: &mut [f32]) {
+    // SAFETY: AVX-512 tier (see `rms_norm`); one slice, any length.
     unsafe { softmax_impl(x) }
 }
 pub(crate) fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    // SAFETY: AVX-512 tier (see `rms_norm`); the kernel stops at the shorter slice.
     unsafe { silu_mul_impl(gate, up) }
 }
 pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    // SAFETY: AVX-512 tier (see `rms_norm`); the kernel stops at the shorter slice.
     unsafe { dot_f32_impl(a, b) }
 }

@@ -98,7 +98,7 @@ unsafe fn group<K: Codes, const X4: bool>(w: *const u8, rb: usize, n: usize, nwb
     let mut acc = _mm512_setzero_ps();
     for wb in 0..nwb {
         let at = wb * K::BYTES;
-        // SAFETY (caller): every row holds `nwb` whole blocks; the scale's u32 lies inside one.
+        // SAFETY: the caller's contract: every row holds `nwb` whole blocks; the scale's u32 lies inside one.
         unsafe {
             let sc = _mm512_i32gather_epi32::<1>(idx, w.add(at + K::D_AT) as *const i32);
             let half =
@@ -147,7 +147,7 @@ unsafe fn group<K: Codes, const X4: bool>(w: *const u8, rb: usize, n: usize, nwb
 /// Lane r: the sum of the eight i32 lanes of `p[r]` (exact, so any order will do).
 #[inline(always)]
 unsafe fn reduce16(p: &[__m256i; 16]) -> __m512i {
-    // SAFETY (caller): AVX-512 F is present.
+    // SAFETY: the caller's contract: AVX-512 F is present.
     unsafe {
         // x[j] holds rows (j, j + 4) for j < 4 and (j + 4, j + 8) after, so that the lanes
         // come out in row order.
@@ -174,20 +174,20 @@ unsafe fn reduce16(p: &[__m256i; 16]) -> __m512i {
 
 #[inline(always)]
 unsafe fn load16(p: *const u8) -> __m128i {
-    // SAFETY (caller): 16 bytes at `p`.
+    // SAFETY: the caller's contract: 16 bytes at `p`.
     unsafe { _mm_loadu_si128(p as *const __m128i) }
 }
 
 #[inline(always)]
 unsafe fn load32(p: *const u8) -> __m256i {
-    // SAFETY (caller): 32 bytes at `p`.
+    // SAFETY: the caller's contract: 32 bytes at `p`.
     unsafe { _mm256_loadu_si256(p as *const __m256i) }
 }
 
 /// Sixteen nibble-packed bytes to 32 codes: byte j holds value j (low) and j + 16 (high).
 #[inline(always)]
 unsafe fn nibbles(qs: *const u8) -> __m256i {
-    // SAFETY (caller): 16 bytes at `qs`; AVX2 is present.
+    // SAFETY: the caller's contract: 16 bytes at `qs`; AVX2 is present.
     unsafe {
         let v = load16(qs);
         let m = _mm_set1_epi8(0x0f);
@@ -198,7 +198,7 @@ unsafe fn nibbles(qs: *const u8) -> __m256i {
 /// Q5: the nibbles plus 16 where bit j of the four bytes at `qh` is set.
 #[inline(always)]
 unsafe fn q5(qh: *const u8, qs: *const u8) -> __m256i {
-    // SAFETY (caller): 4 bytes at `qh`, 16 at `qs`; AVX-512 BW/VL are present.
+    // SAFETY: the caller's contract: 4 bytes at `qh`, 16 at `qs`; AVX-512 BW/VL are present.
     unsafe {
         let bits = std::ptr::read_unaligned(qh as *const u32);
         _mm256_or_si256(nibbles(qs), _mm256_maskz_set1_epi8(bits, 0x10))
@@ -207,7 +207,7 @@ unsafe fn q5(qh: *const u8, qs: *const u8) -> __m256i {
 
 #[inline(always)]
 unsafe fn dot(u: __m256i, a: *const i8) -> __m256i {
-    // SAFETY (caller): 32 quants at `a`; AVX-512 VNNI/VL are present.
+    // SAFETY: the caller's contract: 32 quants at `a`; AVX-512 VNNI/VL are present.
     unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, load32(a as *const u8)) }
 }
 
@@ -222,7 +222,7 @@ impl Codes for Q8_0 {
     const KA: usize = 32;
     #[inline(always)]
     unsafe fn partial(w: *const u8, _: usize, a: *const i8) -> __m256i {
-        // SAFETY (caller): the block's 32 quants follow its scale.
+        // SAFETY: the caller's contract: the block's 32 quants follow its scale.
         unsafe { dot(_mm256_xor_si256(load32(w.add(2)), _mm256_set1_epi8(-128)), a) }
     }
 }
@@ -238,7 +238,7 @@ impl Codes for Q4_0 {
     const KA: usize = 32;
     #[inline(always)]
     unsafe fn partial(w: *const u8, _: usize, a: *const i8) -> __m256i {
-        // SAFETY (caller): 16 bytes of nibbles follow the scale.
+        // SAFETY: the caller's contract: 16 bytes of nibbles follow the scale.
         unsafe { dot(nibbles(w.add(2)), a) }
     }
 }
@@ -254,7 +254,7 @@ impl Codes for Q4_1 {
     const KA: usize = 32;
     #[inline(always)]
     unsafe fn partial(w: *const u8, _: usize, a: *const i8) -> __m256i {
-        // SAFETY (caller): 16 bytes of nibbles follow the scale and offset.
+        // SAFETY: the caller's contract: 16 bytes of nibbles follow the scale and offset.
         unsafe { dot(nibbles(w.add(4)), a) }
     }
 }
@@ -270,7 +270,7 @@ impl Codes for Q5_0 {
     const KA: usize = 32;
     #[inline(always)]
     unsafe fn partial(w: *const u8, _: usize, a: *const i8) -> __m256i {
-        // SAFETY (caller): scale, 4 bytes of fifth bits, 16 bytes of nibbles.
+        // SAFETY: the caller's contract: scale, 4 bytes of fifth bits, 16 bytes of nibbles.
         unsafe { dot(q5(w.add(2), w.add(6)), a) }
     }
 }
@@ -286,7 +286,7 @@ impl Codes for Q5_1 {
     const KA: usize = 32;
     #[inline(always)]
     unsafe fn partial(w: *const u8, _: usize, a: *const i8) -> __m256i {
-        // SAFETY (caller): scale, offset, 4 bytes of fifth bits, 16 bytes of nibbles.
+        // SAFETY: the caller's contract: scale, offset, 4 bytes of fifth bits, 16 bytes of nibbles.
         unsafe { dot(q5(w.add(4), w.add(8)), a) }
     }
 }
@@ -302,7 +302,7 @@ impl Codes for Q2_0 {
     const KA: usize = 32;
     #[inline(always)]
     unsafe fn partial(w: *const u8, k: usize, a: *const i8) -> __m256i {
-        // SAFETY (caller): half k of the block is 8 bytes of 2-bit codes after the scale.
+        // SAFETY: the caller's contract: half k of the block is 8 bytes of 2-bit codes after the scale.
         unsafe { dot(crumbs(w.add(2 + 8 * k)), a) }
     }
 }
@@ -310,7 +310,7 @@ impl Codes for Q2_0 {
 /// The 32 two-bit codes of 8 bytes, byte j holding codes 4j..4j+4 in bits 2i..2i+2.
 #[inline(always)]
 unsafe fn crumbs(q: *const u8) -> __m256i {
-    // SAFETY (caller): 8 bytes at `q`; AVX-512 BW/VL are present.
+    // SAFETY: the caller's contract: 8 bytes at `q`; AVX-512 BW/VL are present.
     unsafe {
         let v = std::ptr::read_unaligned(q as *const u64);
         // Byte 4j + i becomes a copy of byte j, then keeps its bits 2i..2i+2.
@@ -339,7 +339,7 @@ impl Codes for Q1_0 {
     const KA: usize = 32;
     #[inline(always)]
     unsafe fn partial(w: *const u8, k: usize, a: *const i8) -> __m256i {
-        // SAFETY (caller): the 32 sign bits of quarter k lie after the scale. A set bit is
+        // SAFETY: the caller's contract: the 32 sign bits of quarter k lie after the scale. A set bit is
         // +1 = 2·1 − 1, a clear one −1 = 2·0 − 1.
         unsafe {
             let bits = std::ptr::read_unaligned(w.add(2 + 4 * k) as *const u32);
@@ -359,7 +359,7 @@ impl Codes for TQ2_0 {
     const KA: usize = 256;
     #[inline(always)]
     unsafe fn partial(w: *const u8, _: usize, a: *const i8) -> __m256i {
-        // SAFETY (caller): 64 bytes of codes, then the scale; 256 quants at `a`. Bytes 0..32
+        // SAFETY: the caller's contract: 64 bytes of codes, then the scale; 256 quants at `a`. Bytes 0..32
         // hold weights 0..128, bytes 32..64 weights 128..256: code l of byte m of half j is
         // weight 128j + 32l + m.
         unsafe {
@@ -380,7 +380,7 @@ impl Codes for TQ2_0 {
 /// Trit `k` (0, 1 or 2) of 32 base-3 packed bytes: ((byte · 3^k mod 256) · 3) >> 8.
 #[inline(always)]
 unsafe fn trits(v16: __m512i, pow: i16) -> __m256i {
-    // SAFETY (caller): AVX-512 BW is present.
+    // SAFETY: the caller's contract: AVX-512 BW is present.
     unsafe {
         let q = _mm512_and_si512(_mm512_mullo_epi16(v16, _mm512_set1_epi16(pow)), _mm512_set1_epi16(0xff));
         _mm512_cvtepi16_epi8(_mm512_srli_epi16::<8>(_mm512_mullo_epi16(q, _mm512_set1_epi16(3))))
@@ -399,7 +399,7 @@ impl Codes for TQ1_0 {
     #[inline(always)]
     unsafe fn partial(w: *const u8, _: usize, a: *const i8) -> __m256i {
         const POW3: [i16; 5] = [1, 3, 9, 27, 81];
-        // SAFETY (caller): 48 bytes of five trits each, 4 bytes of four trits each (`qh`), then
+        // SAFETY: the caller's contract: 48 bytes of five trits each, 4 bytes of four trits each (`qh`), then
         // the scale; 256 quants at `a`.
         unsafe {
             let a = a as *const u8;
