@@ -85,7 +85,8 @@ unsafe fn tile<const T: usize>(p: &PackedMat, rows: Range<usize>, acts: &Acts, t
     for g in rows.start / GROUP..rows.end.div_ceil(GROUP) {
         let row0 = g * GROUP;
         let n = rows.end - row0;
-        // SAFETY (caller): the group holds `nb` whole blocks; the tokens' rows hold `cols` quants.
+        // SAFETY: this tier's CPUs have the features `group` needs; it checks the group's length
+        // and reads each token's `cols` quants, which its planar row holds.
         let res = unsafe { group::<T>(p.group(g), nb, &a) };
         for (t, r) in res.iter().enumerate() {
             for (q, v) in r.iter().enumerate() {
