@@ -5,9 +5,10 @@ use onebit_gguf::GgmlType;
 
 use crate::KernelError;
 use crate::act::{ActFormat, Acts};
+use crate::arena::Arena;
 use crate::disjoint::DisjointRows;
 use crate::matmul::{MatRef, OutPtr, RowKernel};
-use crate::pack::PackedMat;
+use crate::pack::{PackedMat, Packer};
 use crate::pool::Pool;
 use crate::tier::KernelTier;
 
@@ -21,8 +22,8 @@ pub(crate) struct Table {
     /// Build the tier's private layout of freshly quantized activations (or nothing), for
     /// products with weights of every type given (all of them take this activation format).
     pub prepare: fn(&Pool, &mut Acts, &[GgmlType]),
-    /// Repack a matrix for this tier's kernels, where it has a packed kernel for the type.
-    pub pack: fn(&MatRef, &Pool) -> Option<PackedMat>,
+    /// How this tier repacks matrices of a type, where it has packed kernels for it.
+    pub pack: fn(GgmlType) -> Option<Packer>,
     pub rms_norm: fn(&[f32], &[f32], f32, &mut [f32]),
     pub softmax: fn(&mut [f32]),
     pub silu_mul: fn(&mut [f32], &[f32]),
@@ -379,8 +380,46 @@ impl Kernels {
     /// attached with [`MatRef::with_packed`]; it holds the same weights, so the original bytes
     /// can then be dropped from memory.
     pub fn pack(&self, pool: &Pool, w: &MatRef) -> Option<PackedMat> {
+        Some(self.packer(w)?.pack(w, pool))
+    }
+
+    /// How this tier repacks `w`, if it has packed kernels for its type (and `w` is whole).
+    pub fn packer(&self, w: &MatRef) -> Option<Packer> {
         w.check().ok()?;
-        (self.table.pack)(w, pool)
+        (self.table.pack)(w.ty)
+    }
+
+    /// Repack every matrix of `mats` that this tier has packed kernels for, as [`Kernels::pack`]
+    /// does, but all into one [`Arena`] (huge pages, one allocation for a whole model), one
+    /// matrix after another with the pool's threads sharing each. `done(i)` is called once
+    /// matrix `i` is packed (e.g. to let its file pages go).
+    pub fn pack_all(&self, pool: &Pool, mats: &[MatRef], done: &mut dyn FnMut(usize)) -> Vec<Option<PackedMat>> {
+        let packers: Vec<Option<Packer>> = mats.iter().map(|w| self.packer(w)).collect();
+        // Each matrix starts on a 64-byte boundary (rows of 16-row groups need not end on one).
+        let mut ranges = Vec::with_capacity(mats.len());
+        let mut len = 0;
+        for (w, p) in mats.iter().zip(&packers) {
+            ranges.push(p.map(|p| {
+                let start = len;
+                len = (start + p.packed_len(w)).next_multiple_of(64);
+                start..start + p.packed_len(w)
+            }));
+        }
+        if len == 0 {
+            return mats.iter().map(|_| None).collect();
+        }
+        let mut arena = Arena::zeroed(len);
+        {
+            let bytes = arena.bytes_mut();
+            for (i, ((w, p), r)) in mats.iter().zip(&packers).zip(&ranges).enumerate() {
+                if let (Some(p), Some(r)) = (p, r) {
+                    p.pack_into(w, pool, &mut bytes[r.clone()]);
+                    done(i);
+                }
+            }
+        }
+        let arena = std::sync::Arc::new(arena);
+        mats.iter().zip(packers).zip(ranges).map(|((w, p), r)| Some(p?.packed(w, arena.clone(), r?))).collect()
     }
 
     // Shapes are checked here, once for every tier: the SIMD tiers load and store whole

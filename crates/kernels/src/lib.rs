@@ -15,6 +15,7 @@ mod aarch64;
 pub mod act;
 #[cfg(target_arch = "x86_64")]
 mod amx_perm;
+pub mod arena;
 pub mod disjoint;
 mod dispatch;
 pub mod formats;
@@ -30,7 +31,7 @@ pub use act::{ActFormat, Acts};
 pub use disjoint::DisjointRows;
 pub use dispatch::{BatchRounding, Kernels, Pages};
 pub use matmul::MatRef;
-pub use pack::PackedMat;
+pub use pack::{PackedMat, Packer};
 pub use pool::{PerThread, Pool};
 pub use tier::KernelTier;
 

@@ -15,10 +15,12 @@
 //!
 //! A packed matrix has exactly the size of the original (rows padded to a whole group).
 
+use std::ops::Range;
+use std::sync::Arc;
+
 use onebit_gguf::GgmlType;
 
-use crate::act::AlignedBuf;
-use crate::disjoint::DisjointRows;
+use crate::arena::Arena;
 use crate::formats::{BlockQ1_0, blocks};
 use crate::matmul::MatRef;
 use crate::pool::Pool;
@@ -31,7 +33,8 @@ pub const Q1_GROUP_BLOCK: usize = 2 * GROUP + 4 * 4 * 64;
 /// Rows per group of the 16-row layout.
 pub const LEGACY_GROUP: usize = 16;
 
-/// A matrix in a kernel's own layout, owned (it replaces the file's copy in memory).
+/// A matrix in a kernel's own layout, owned (it replaces the file's copy in memory): its own
+/// [`Arena`], or its part of one that holds a whole model's packed matrices.
 pub struct PackedMat {
     pub ty: GgmlType,
     pub rows: usize,
@@ -39,7 +42,8 @@ pub struct PackedMat {
     /// Rows per interleaved group.
     pub group_rows: usize,
     group_bytes: usize,
-    buf: AlignedBuf,
+    arena: Arc<Arena>,
+    range: Range<usize>,
     /// (ty, rows, cols, group_rows) as packed: the public fields can be changed, this cannot.
     packed_as: (GgmlType, usize, usize, usize),
 }
@@ -58,7 +62,7 @@ impl PackedMat {
     }
 
     pub fn bytes(&self) -> &[u8] {
-        self.buf.as_bytes()
+        &self.arena.bytes()[self.range.clone()]
     }
 
     pub fn groups(&self) -> usize {
@@ -67,7 +71,7 @@ impl PackedMat {
 
     /// The bytes of row group `g`.
     pub fn group(&self, g: usize) -> &[u8] {
-        &self.buf.as_bytes()[g * self.group_bytes..(g + 1) * self.group_bytes]
+        &self.bytes()[g * self.group_bytes..(g + 1) * self.group_bytes]
     }
 }
 
@@ -82,38 +86,128 @@ pub fn scale_order(r: usize) -> (usize, usize) {
     (vec, lane)
 }
 
+/// How a tier repacks matrices of one type: rows per group, and the packing of one group.
+#[derive(Clone, Copy)]
+pub struct Packer {
+    ty: GgmlType,
+    group_rows: usize,
+    /// Weights per block column, and bytes a group takes per block column.
+    block_cols: usize,
+    block_bytes: usize,
+    pack_group: fn(&MatRef, usize, &mut [u8]),
+}
+
+impl std::fmt::Debug for Packer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Packer({}, {} rows a group)", self.ty, self.group_rows)
+    }
+}
+
+impl Packer {
+    /// Q1_0 for the lookup-table kernels (groups of [`GROUP`] rows).
+    pub fn q1_0() -> Packer {
+        Packer {
+            ty: GgmlType::Q1_0,
+            group_rows: GROUP,
+            block_cols: 128,
+            block_bytes: Q1_GROUP_BLOCK,
+            pack_group: pack_q1_0_group,
+        }
+    }
+
+    /// Q4_0, Q4_1 or Q8_0 in groups of [`LEGACY_GROUP`] rows.
+    pub fn legacy(ty: GgmlType) -> Packer {
+        assert!(matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0), "no 16-row layout for {ty}");
+        Packer {
+            ty,
+            group_rows: LEGACY_GROUP,
+            block_cols: 32,
+            block_bytes: LEGACY_GROUP * ty.type_size() as usize,
+            pack_group: pack_legacy_group,
+        }
+    }
+
+    /// The packer of the types both x86 SIMD tiers repack: Q1_0 and Q4_0/Q4_1/Q8_0.
+    pub fn for_type(ty: GgmlType) -> Option<Packer> {
+        match ty {
+            GgmlType::Q1_0 => Some(Packer::q1_0()),
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => Some(Packer::legacy(ty)),
+            _ => None,
+        }
+    }
+
+    fn group_bytes(&self, w: &MatRef) -> usize {
+        (w.cols / self.block_cols) * self.block_bytes
+    }
+
+    /// Bytes `w` takes packed: exactly its own size, with rows padded to a whole group.
+    pub fn packed_len(&self, w: &MatRef) -> usize {
+        w.rows.div_ceil(self.group_rows) * self.group_bytes(w)
+    }
+
+    /// Repack `w` (of this packer's type) into `dst`, [`Packer::packed_len`] zero bytes (rows
+    /// past the matrix's end, padding of the last group, stay zero), row groups in parallel on
+    /// `pool`.
+    pub fn pack_into(&self, w: &MatRef, pool: &Pool, dst: &mut [u8]) {
+        assert_eq!(w.ty, self.ty, "a {} matrix for the {} packer", w.ty, self.ty);
+        assert_eq!(dst.len(), self.packed_len(w), "packed length");
+        let group_bytes = self.group_bytes(w);
+        if group_bytes == 0 {
+            return;
+        }
+        let mut groups: Vec<(usize, &mut [u8])> = dst.chunks_exact_mut(group_bytes).enumerate().collect();
+        let row_bytes = w.data.len() / w.rows.max(1);
+        pool.for_each_mut(&mut groups, &|_, (g, out)| {
+            let rows = (*g * self.group_rows).min(w.rows)..((*g + 1) * self.group_rows).min(w.rows);
+            load_lines(&w.data[rows.start * row_bytes..rows.end * row_bytes]);
+            (self.pack_group)(w, *g, out);
+        });
+    }
+
+    /// The packed matrix of `w` held in `arena[range]`, where [`Packer::pack_into`] put it.
+    pub fn packed(&self, w: &MatRef, arena: Arc<Arena>, range: Range<usize>) -> PackedMat {
+        assert_eq!(range.len(), self.packed_len(w), "packed length");
+        assert!(range.end <= arena.len(), "range outside the arena");
+        PackedMat {
+            ty: w.ty,
+            rows: w.rows,
+            cols: w.cols,
+            group_rows: self.group_rows,
+            group_bytes: self.group_bytes(w),
+            arena,
+            range,
+            packed_as: (w.ty, w.rows, w.cols, self.group_rows),
+        }
+    }
+
+    /// Repack `w` into an arena of its own.
+    pub fn pack(&self, w: &MatRef, pool: &Pool) -> PackedMat {
+        let len = self.packed_len(w);
+        let mut arena = Arena::zeroed(len);
+        self.pack_into(w, pool, arena.bytes_mut());
+        self.packed(w, Arc::new(arena), 0..len)
+    }
+}
+
+/// Read one byte of every cache line of `data`, in order: a group's rows are one contiguous
+/// range of the file, which streams into the cache far faster this way than by the packing's
+/// own order (a block of each of the group's rows in turn, as many streams as rows).
+fn load_lines(data: &[u8]) {
+    let mut acc = 0u8;
+    for line in data.chunks(64) {
+        acc ^= line[0];
+    }
+    std::hint::black_box(acc);
+}
+
 /// Repack a Q1_0 matrix for the lookup-table kernels, row groups in parallel on `pool`.
 pub fn pack_q1_0(w: &MatRef, pool: &Pool) -> PackedMat {
-    assert_eq!(w.ty, GgmlType::Q1_0);
-    pack_groups(w, pool, GROUP, (w.cols / 128) * Q1_GROUP_BLOCK, pack_q1_0_group)
+    Packer::q1_0().pack(w, pool)
 }
 
 /// Repack a Q4_0, Q4_1 or Q8_0 matrix in groups of 16 rows.
 pub fn pack_legacy(w: &MatRef, pool: &Pool) -> PackedMat {
-    let block_bytes = w.ty.type_size() as usize;
-    pack_groups(w, pool, LEGACY_GROUP, (w.cols / 32) * LEGACY_GROUP * block_bytes, pack_legacy_group)
-}
-
-fn pack_groups(
-    w: &MatRef,
-    pool: &Pool,
-    group_rows: usize,
-    group_bytes: usize,
-    pack: fn(&MatRef, usize, &mut [u8]),
-) -> PackedMat {
-    let groups = w.rows.div_ceil(group_rows);
-    // Zeroed: rows past the matrix's end (padding of the last group) stay zero.
-    let mut buf = AlignedBuf::zeroed(groups * group_bytes);
-    let out = DisjointRows::new(buf.as_bytes_mut(), group_bytes);
-    pool.for_chunks(groups, 1, &|_, range| {
-        for g in range {
-            // SAFETY: each group's bytes are written by the one thread that took the group.
-            let dst = unsafe { out.row(g) };
-            pack(w, g, dst);
-        }
-    });
-    let packed_as = (w.ty, w.rows, w.cols, group_rows);
-    PackedMat { ty: w.ty, rows: w.rows, cols: w.cols, group_rows, group_bytes, buf, packed_as }
+    Packer::legacy(w.ty).pack(w, pool)
 }
 
 /// Where a block's parts lie in the 16 rows of a packed block: the 16 scales at 0, then

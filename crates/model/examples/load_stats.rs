@@ -40,7 +40,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cache for {ctx} positions: up to {:.1} MiB", cache.capacity_bytes() as f64 / (1 << 20) as f64);
     let t1 = Instant::now();
     model.forward_one(&pool, &mut cache, &[1], LogitsWanted::Last, &mut scratch)?;
-    println!("first token in {:.1} ms, RSS {:.1} MiB", t1.elapsed().as_secs_f64() * 1e3, rss_mib());
+    println!(
+        "first token in {:.1} ms (load and first token {:.1} ms), RSS {:.1} MiB",
+        t1.elapsed().as_secs_f64() * 1e3,
+        t0.elapsed().as_secs_f64() * 1e3,
+        rss_mib()
+    );
     let t2 = Instant::now();
     model.forward_one(&pool, &mut cache, &[2], LogitsWanted::Last, &mut scratch)?;
     println!("second token in {:.1} ms, RSS {:.1} MiB", t2.elapsed().as_secs_f64() * 1e3, rss_mib());

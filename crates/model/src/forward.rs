@@ -352,9 +352,9 @@ impl Net<'_> {
         Ok(())
     }
 
-    /// A weight for a product (packed on first use where the tier can).
+    /// A weight for a product (packed where the tier can).
     fn mat<'w>(&self, w: &'w Weight) -> MatRef<'w> {
-        w.get(self.kernels, self.pool)
+        w.get()
     }
 
     /// `outs[i] = input · mats[i]ᵀ`, quantizing the input once per activation format and

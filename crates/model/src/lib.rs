@@ -46,6 +46,8 @@ pub struct ModelOptions {
     pub kv_type: KvType,
     /// How activations of a prompt (a batch of tokens) are rounded to 8 bits.
     pub batch_rounding: BatchRounding,
+    /// Threads that repack the weights at load (None: every core).
+    pub threads: Option<usize>,
 }
 
 /// A loaded model: its file mapped in memory, its weights and kernels.
@@ -65,8 +67,9 @@ impl std::fmt::Debug for Model {
 }
 
 impl Model {
-    /// Open `path` (any part of a split model) and map its weights. Nothing is copied or
-    /// dequantized: loading costs the validation of the file and the table of tensors.
+    /// Open `path` (any part of a split model) and map its weights. Nothing is dequantized;
+    /// matrices the kernel tier has a repacked layout for are repacked (on threads of their
+    /// own, [`ModelOptions::threads`]), and their file pages let go.
     pub fn load(path: impl AsRef<Path>, options: &ModelOptions) -> Result<Model, ModelError> {
         Model::from_gguf(GgufModel::open(path)?, options)
     }
@@ -79,7 +82,9 @@ impl Model {
         .with_batch_rounding(options.batch_rounding);
         let mut config = Config::from_metadata(&file.metadata())?;
         options.kv_type.check(&config)?;
-        let weights = weights::Weights::load(&file, &mut config, kernels)?;
+        let mut weights = weights::Weights::load(&file, &mut config, kernels)?;
+        let threads = options.threads.filter(|&t| t > 0).unwrap_or_else(Pool::default_threads);
+        weights.pack(kernels, &Pool::new(threads));
         Ok(Model { weights, config, kernels, kv_type: options.kv_type, file })
     }
 

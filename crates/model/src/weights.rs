@@ -2,37 +2,31 @@
 //!
 //! Matrices stay in their GGUF format inside the memory map: a [`MatRef`] is a view of the
 //! file's bytes, including the embedding table, whose rows are dequantized one token at a time.
-//! Only vectors (norm weights, biases, RoPE frequency factors) are converted to f32 at load.
+//! Where the kernel tier has a repacked layout for a matrix's type, the matrix is repacked at
+//! load, all of them into one arena, and its file pages are let go. Only vectors (norm weights,
+//! biases, RoPE frequency factors) are converted to f32 at load.
 
 use std::collections::HashSet;
-use std::sync::OnceLock;
 
 use onebit_gguf::{GgmlType, GgufModel, Tensor};
 use onebit_kernels::formats::{can_dequantize, dequantize};
 use onebit_kernels::{Kernels, MatRef, PackedMat, Pool};
 
-/// A matrix as mapped from the file, and — made on first use where the kernel tier has a
-/// repacked layout for its type — that layout, which then replaces the file's pages in memory.
+/// A matrix as mapped from the file, and — where the kernel tier has a repacked layout for its
+/// type — that layout, made at load, which then replaces the file's pages in memory.
 pub(crate) struct Weight {
     raw: MatRef<'static>,
-    packed: OnceLock<Option<PackedMat>>,
+    packed: Option<PackedMat>,
 }
 
 impl Weight {
     fn new(raw: MatRef<'static>) -> Weight {
-        Weight { raw, packed: OnceLock::new() }
+        Weight { raw, packed: None }
     }
 
-    /// The matrix for a product, packed on first use when the tier can.
-    pub fn get(&self, kernels: Kernels, pool: &Pool) -> MatRef<'_> {
-        let packed = self.packed.get_or_init(|| {
-            let p = kernels.pack(pool, &self.raw);
-            if p.is_some() {
-                release_pages(self.raw.data);
-            }
-            p
-        });
-        self.raw.with_packed(packed.as_ref())
+    /// The matrix for a product (with its packed layout, if it has one).
+    pub fn get(&self) -> MatRef<'_> {
+        self.raw.with_packed(self.packed.as_ref())
     }
 }
 
@@ -198,6 +192,27 @@ impl Weights {
     /// The output projection (the embedding when tied).
     pub fn output(&self) -> &Weight {
         self.output.as_ref().unwrap_or(&self.tied_output)
+    }
+
+    /// Repack every matrix the kernel tier has a layout for, all into one arena, the pool's
+    /// threads sharing each matrix; each matrix's file pages are let go once it is packed, so
+    /// the resident memory stays about the file's size.
+    pub fn pack(&mut self, kernels: Kernels, pool: &Pool) {
+        let output = match &mut self.output {
+            Some(w) => w,
+            None => &mut self.tied_output,
+        };
+        let mut mats: Vec<&mut Weight> = vec![output];
+        for l in &mut self.layers {
+            mats.extend([&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.w_gate, &mut l.w_up, &mut l.w_down]);
+        }
+        // Layer by layer, the output last: the order of the file and of the first forward pass.
+        mats.rotate_left(1);
+        let raws: Vec<MatRef<'static>> = mats.iter().map(|w| w.raw).collect();
+        let packed = kernels.pack_all(pool, &raws, &mut |i| release_pages(raws[i].data));
+        for (w, p) in mats.into_iter().zip(packed) {
+            w.packed = p;
+        }
     }
 }
 

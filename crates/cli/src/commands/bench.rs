@@ -92,8 +92,12 @@ pub fn run(args: Args) -> Result<()> {
     }
     let path = super::resolve::model_path(Some(&args.model), &super::ui::Ui::new(args.json))?;
     for &t in &threads {
-        let options =
-            ModelOptions { kernel_tier: args.kernel_tier, kv_type: args.kv_type, batch_rounding: args.batch_rounding };
+        let options = ModelOptions {
+            kernel_tier: args.kernel_tier,
+            kv_type: args.kv_type,
+            batch_rounding: args.batch_rounding,
+            threads: Some(t),
+        };
         let model = Model::load(&path, &options)?;
         let pool = Pool::new(if t == 0 { Pool::default_threads() } else { t });
         let (size, params) = weight_totals(&model);

@@ -44,7 +44,12 @@ pub struct ModelArgs {
 
 impl ModelArgs {
     pub fn options(&self) -> ModelOptions {
-        ModelOptions { kernel_tier: self.kernel_tier, kv_type: self.kv_type, batch_rounding: self.batch_rounding }
+        ModelOptions {
+            kernel_tier: self.kernel_tier,
+            kv_type: self.kv_type,
+            batch_rounding: self.batch_rounding,
+            threads: self.threads,
+        }
     }
 
     /// The process's threads for the forward pass.

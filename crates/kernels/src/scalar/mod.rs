@@ -12,7 +12,7 @@ pub(crate) static TABLE: Table = Table {
     quantize_row: crate::act::quantize_row_ref,
     batch_format: crate::dispatch::same_format,
     prepare: |_, _, _| {},
-    pack: |_, _| None,
+    pack: |_| None,
     rms_norm: ops::rms_norm,
     softmax: ops::softmax,
     silu_mul: ops::silu_mul,

@@ -17,7 +17,7 @@ pub(crate) const TABLE: Table = Table {
     quantize_row: crate::act::quantize_row_ref,
     batch_format: crate::dispatch::same_format,
     prepare: |_, _, _| {},
-    pack: |_, _| None,
+    pack: |_| None,
     rms_norm: scalar::ops::rms_norm,
     softmax: scalar::ops::softmax,
     silu_mul: scalar::ops::silu_mul,

@@ -28,11 +28,7 @@ pub(crate) const TABLE: Table = Table {
         let lut = w_tys.contains(&GgmlType::Q1_0) && !q1_gemm::serves(acts);
         super::prepare_planar(pool, acts, lut, 0)
     },
-    pack: |w, pool| match w.ty {
-        GgmlType::Q1_0 => Some(crate::pack::pack_q1_0(w, pool)),
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => Some(crate::pack::pack_legacy(w, pool)),
-        _ => None,
-    },
+    pack: crate::pack::Packer::for_type,
     rms_norm: ops::rms_norm,
     softmax: ops::softmax,
     silu_mul: ops::silu_mul,
