@@ -19,7 +19,7 @@ use onebit_kernels::formats::dequantize;
 use onebit_kernels::{DisjointRows, Kernels, Pages, PerThread, Pool};
 
 use crate::config::Config;
-use crate::kv_cache::{BLOCK_TOKENS, KvPool, KvRow, KvType};
+use crate::kv_cache::{BLOCK_TOKENS, KvPool, KvRow, KvType, SUPER_BLOCKS};
 
 /// Queries per unit to aim for (tokens × heads of a group).
 const UNIT_QUERIES: usize = 64;
@@ -128,7 +128,7 @@ impl Attention<'_> {
         // they lie. Many queries share a widened copy. Either way every score gets the same bits.
         let direct = nq < DIRECT_QUERIES && self.kv.kv_type() != KvType::Q8_0;
         if direct {
-            let pages = self.pages(table, seen_all, d, |b| self.kv.keys(self.layer, b, u.group));
+            let pages = self.pages(table, seen_all, false, u.group);
             self.kernels.gemm_nt_pages(&sc.q, pages.as_pages(), d, &mut sc.scores, seen_all);
         } else {
             for j0 in (0..seen_all).step_by(ROW_BLOCK) {
@@ -154,7 +154,7 @@ impl Attention<'_> {
         sc.out.clear();
         sc.out.resize(nq * dv, 0.0);
         if direct {
-            let pages = self.pages(table, seen_all, dv, |b| self.kv.values(self.layer, b, u.group));
+            let pages = self.pages(table, seen_all, true, u.group);
             self.kernels.gemm_nn_acc_pages(&sc.scores, seen_all, pages.as_pages(), dv, &mut sc.out);
         } else {
             for j0 in (0..seen_all).step_by(ROW_BLOCK) {
@@ -178,17 +178,31 @@ impl Attention<'_> {
 }
 
 impl Attention<'_> {
-    /// A sequence's rows `0..n` (keys or values of one head, `width` values each, as `page`
-    /// gives them for a block) as runs where they lie, one per block.
-    fn pages<'k>(&self, table: &[u32], n: usize, width: usize, page: impl Fn(usize) -> KvRow<'k>) -> Runs<'k> {
+    /// A sequence's rows `0..n` (keys or values of kv head `head`) as runs where they lie:
+    /// blocks that follow each other in the table and in the pool (within a superblock) make
+    /// one run.
+    fn pages(&self, table: &[u32], n: usize, values: bool, head: usize) -> Runs<'_> {
+        let c = self.config;
+        let width = if values { c.value_dim } else { c.head_dim };
+        let blocks = &table[..n.div_ceil(BLOCK_TOKENS)];
         let mut runs = Runs::default();
-        for (i, &block) in table.iter().enumerate().take(n.div_ceil(BLOCK_TOKENS)) {
-            let len = (n - i * BLOCK_TOKENS).min(BLOCK_TOKENS) * width;
-            match page(block as usize) {
+        let mut i = 0;
+        while i < blocks.len() {
+            let first = blocks[i] as usize;
+            let mut m = 1;
+            while i + m < blocks.len()
+                && blocks[i + m] as usize == first + m
+                && !(first + m).is_multiple_of(SUPER_BLOCKS)
+            {
+                m += 1;
+            }
+            let len = (n - i * BLOCK_TOKENS).min(m * BLOCK_TOKENS) * width;
+            match self.kv.run(self.layer, values, first, m, head) {
                 KvRow::F16(v) => runs.f16.push(&v[..len]),
                 KvRow::F32(v) => runs.f32.push(&v[..len]),
                 KvRow::Q8_0(_) => unreachable!("q8_0 rows are widened, not read in place"),
             }
+            i += m;
         }
         runs
     }

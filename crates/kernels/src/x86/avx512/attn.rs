@@ -89,14 +89,20 @@ impl Elem for u16 {
     }
 }
 
-/// Ask for a run of cached rows before it is needed: runs are blocks scattered over the pool,
-/// each too short for the hardware prefetcher to find on its own.
+/// Bytes ahead of the rows being read that the products ask for. Runs are a few KiB to a few
+/// hundred KiB scattered over the pool: the hardware prefetcher finds the long ones late and
+/// the short ones not at all, and decode attention is a stream of them.
+const AHEAD: usize = 4096;
+
+/// Ask for the lines of bytes `from .. to` of a run (cut at its end) to be brought into L2.
 #[inline(always)]
-fn prefetch<B>(run: &[B]) {
-    let (p, bytes) = (run.as_ptr() as *const i8, std::mem::size_of_val(run));
-    for off in (0..bytes).step_by(64) {
+fn prefetch<B>(run: &[B], from: usize, to: usize) {
+    let (p, to) = (run.as_ptr() as *const i8, to.min(std::mem::size_of_val(run)));
+    let mut off = from & !63;
+    while off < to {
         // SAFETY: a prefetch of an address inside the run; it cannot fault.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off)) };
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(off)) };
+        off += 64;
     }
 }
 
@@ -120,9 +126,12 @@ fn gemm_nt_impl<B: Elem>(a: &[f32], pages: &[&[B]], k: usize, out: &mut [f32], l
         let r = (m - i).min(4);
         assert!((i + r) * k <= a.len() && (i + r - 1) * ldo + n <= out.len());
         let mut j = 0;
+        if let Some(first) = pages.first() {
+            prefetch(first, 0, AHEAD);
+        }
         for (pi, b) in pages.iter().enumerate() {
             if let Some(next) = pages.get(pi + 1) {
-                prefetch(next);
+                prefetch(next, 0, AHEAD);
             }
             let pn = b.len() / k;
             // SAFETY: rows i..i + r of `a`, and of `out` up to column n, lie inside them (just
@@ -152,8 +161,10 @@ unsafe fn cols<B: Elem, const R: usize, const C: usize>(
     out: *mut f32,
     ldo: usize,
 ) {
+    let row_bytes = k * std::mem::size_of::<B>();
     let mut j = 0;
     while j < n {
+        prefetch(&b[..n * k], j * row_bytes + AHEAD, (j + C) * row_bytes + AHEAD);
         let c = (n - j).min(C);
         // SAFETY: the caller's contract (R rows of `k` at `a`, `n` rows of `k` in `b`, R rows
         // of `n` at `out`, `ldo` apart), so every row pointer is row j + q.min(c - 1) < n of `b`
@@ -339,11 +350,16 @@ unsafe fn acc_cols<B: Elem, const V: usize, const R: usize>(
         let mut acc: [[__m512; V]; R] =
             std::array::from_fn(|r| std::array::from_fn(|v| f32::load(o.add(r * n + c0 + 16 * v), lanes(v))));
         let mut j = 0;
+        let row_bytes = n * std::mem::size_of::<B>();
+        if let Some(first) = pages.first() {
+            prefetch(first, 0, AHEAD);
+        }
         for (pi, b) in pages.iter().enumerate() {
             if let Some(next) = pages.get(pi + 1) {
-                prefetch(next);
+                prefetch(next, 0, AHEAD);
             }
             for jl in 0..b.len() / n {
+                prefetch(b, jl * row_bytes + AHEAD, (jl + 1) * row_bytes + AHEAD);
                 let w: [f32; R] = std::array::from_fn(|r| *p.add(r * lda + j));
                 j += 1;
                 let zeros = w.iter().filter(|&&w| w == 0.0).count();
