@@ -124,9 +124,9 @@ impl Attention<'_> {
 
         sc.scores.resize(nq * seen_all, 0.0);
         sc.rows.resize(ROW_BLOCK * d.max(dv), 0.0);
-        // Few queries read each cached row once or twice: products read f16 or f32 blocks where
-        // they lie. Many queries share a widened copy. Either way every score gets the same bits.
-        let direct = nq < DIRECT_QUERIES && self.kv.kv_type() != KvType::Q8_0;
+        // Few queries read each cached row once or twice: products read the blocks where they
+        // lie (widening halves or Q8_0 in the register). Many queries share a widened copy. Either way every score gets the same bits.
+        let direct = nq < DIRECT_QUERIES;
         if direct {
             let pages = self.pages(table, seen_all, false, u.group);
             self.kernels.gemm_nt_pages(&sc.q, pages.as_pages(), d, &mut sc.scores, seen_all);
@@ -200,7 +200,7 @@ impl Attention<'_> {
             match self.kv.run(self.layer, values, first, m, head) {
                 KvRow::F16(v) => runs.f16.push(&v[..len]),
                 KvRow::F32(v) => runs.f32.push(&v[..len]),
-                KvRow::Q8_0(_) => unreachable!("q8_0 rows are widened, not read in place"),
+                KvRow::Q8_0(v) => runs.q8.push(&v[..len / 32 * 34]),
             }
             i += m;
         }
@@ -234,15 +234,22 @@ fn widen(kernels: Kernels, rows: KvRow, at: usize, dst: &mut [f32]) {
     }
 }
 
-/// Runs of cached rows of one kind (the other list stays empty).
+/// Runs of cached rows of one kind (the other lists stay empty).
 #[derive(Default)]
 struct Runs<'k> {
     f16: Vec<&'k [u16]>,
     f32: Vec<&'k [f32]>,
+    q8: Vec<&'k [u8]>,
 }
 
 impl Runs<'_> {
     fn as_pages(&self) -> Pages<'_> {
-        if self.f16.is_empty() { Pages::F32(&self.f32) } else { Pages::F16(&self.f16) }
+        if !self.f16.is_empty() {
+            Pages::F16(&self.f16)
+        } else if !self.q8.is_empty() {
+            Pages::Q8_0(&self.q8)
+        } else {
+            Pages::F32(&self.f32)
+        }
     }
 }
