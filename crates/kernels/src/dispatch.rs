@@ -49,6 +49,8 @@ pub enum Pages<'a> {
     F32(&'a [&'a [f32]]),
     /// IEEE halves.
     F16(&'a [&'a [u16]]),
+    /// Q8_0 blocks (rows of a multiple of 32 values, 34 bytes per 32).
+    Q8_0(&'a [&'a [u8]]),
 }
 
 impl Pages<'_> {
@@ -57,6 +59,7 @@ impl Pages<'_> {
         match self {
             Pages::F32(p) => p.iter().map(|r| r.len()).sum(),
             Pages::F16(p) => p.iter().map(|r| r.len()).sum(),
+            Pages::Q8_0(p) => p.iter().map(|r| r.len() / 34 * 32).sum(),
         }
     }
 
@@ -64,6 +67,7 @@ impl Pages<'_> {
         match self {
             Pages::F32(p) => p.iter().all(|r| r.len().is_multiple_of(width)),
             Pages::F16(p) => p.iter().all(|r| r.len().is_multiple_of(width)),
+            Pages::Q8_0(p) => width.is_multiple_of(32) && p.iter().all(|r| r.len().is_multiple_of(width / 32 * 34)),
         }
     }
 }
@@ -522,6 +526,13 @@ impl Kernels {
                 for r in runs {
                     w.resize(r.len(), 0.0);
                     (self.table.f16_to_f32)(r, w);
+                    f(w);
+                }
+            }),
+            Pages::Q8_0(runs) => WIDENED.with_borrow_mut(|w| {
+                for r in runs {
+                    w.resize(r.len() / 34 * 32, 0.0);
+                    crate::formats::dequantize(GgmlType::Q8_0, r, w).expect("whole Q8_0 blocks");
                     f(w);
                 }
             }),

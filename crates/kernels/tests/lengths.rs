@@ -127,6 +127,19 @@ fn gemm_nt_pages_lengths() {
         panics(k, "gemm_nt_pages with a run of halves not whole rows", || {
             k.gemm_nt_pages(&a, Pages::F16(ragged), 16, &mut [0f32; 15], 5)
         });
+        // Q8_0 rows: whole blocks of 34 bytes per 32 values, and rows a multiple of 32.
+        let a32 = [1.0f32; 3 * 32];
+        let q = [0u8; 5 * 34];
+        k.gemm_nt_pages(&a32, Pages::Q8_0(&[&q[..2 * 34], &q[2 * 34..]]), 32, &mut [0f32; 15], 5);
+        panics(k, "gemm_nt_pages with a run of Q8_0 not whole blocks", || {
+            k.gemm_nt_pages(&a32, Pages::Q8_0(&[&q[..2 * 34 + 1], &q[2 * 34 + 1..]]), 32, &mut [0f32; 15], 5)
+        });
+        panics(k, "gemm_nt_pages with Q8_0 rows not whole blocks", || {
+            k.gemm_nt_pages(&a, Pages::Q8_0(&[&q[..3 * 34]]), 16, &mut [0f32; 18], 6)
+        });
+        panics(k, "gemm_nt_pages of Q8_0 into a short output", || {
+            k.gemm_nt_pages(&a32, Pages::Q8_0(&[&q]), 32, &mut [0f32; 14], 5)
+        });
     });
 }
 
@@ -152,6 +165,14 @@ fn gemm_nn_acc_pages_lengths() {
         let ragged: &[&[f32]] = &[&r0[..24], &r1];
         panics(k, "gemm_nn_acc_pages with a run not whole rows", || {
             k.gemm_nn_acc_pages(&[1.0; 15], 5, Pages::F32(ragged), 16, &mut [0f32; 48])
+        });
+        let q = [0u8; 5 * 34];
+        k.gemm_nn_acc_pages(&[1.0; 15], 5, Pages::Q8_0(&[&q[..34], &q[34..]]), 32, &mut [0f32; 96]);
+        panics(k, "gemm_nn_acc_pages with short weights for Q8_0 rows", || {
+            k.gemm_nn_acc_pages(&[1.0; 14], 5, Pages::Q8_0(&[&q]), 32, &mut [0f32; 96])
+        });
+        panics(k, "gemm_nn_acc_pages with a run of Q8_0 not whole rows", || {
+            k.gemm_nn_acc_pages(&[1.0; 15], 5, Pages::Q8_0(&[&q[..35], &q[35..]]), 32, &mut [0f32; 96])
         });
     });
 }

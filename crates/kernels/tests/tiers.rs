@@ -217,6 +217,7 @@ fn attention_products_over_runs_equal_those_over_gathered_rows() {
             (3, 64, vec![5]),
             (8, 80, vec![16, 7]),
             (17, 128, vec![16, 16, 16, 1]),
+            (2, 128, vec![300, 16, 33]),
         ] {
             let n: usize = runs.iter().sum();
             let q: Vec<f32> = (0..m * d).map(|_| rng.f32() * 4.0).collect();
@@ -248,6 +249,56 @@ fn attention_products_over_runs_equal_those_over_gathered_rows() {
                 k.gemm_nn_acc_pages(&p, ldo, pages, d, &mut got);
                 assert_eq!(bits(&got), bits(&want), "{tier} gemm_nn_acc_pages {m}x{n}x{d}");
             }
+        }
+    }
+}
+
+/// The same for Q8_0 rows (a q8_0 KV cache): products over runs of blocks read as they are
+/// equal the products of the rows dequantized, on every tier: odd numbers of queries and rows,
+/// runs of one row to hundreds, heads of 32 to 256 values.
+#[test]
+fn attention_products_over_q8_0_runs_equal_those_over_dequantized_rows() {
+    let mut rng = Rng(0x98a0);
+    for tier in KernelTier::available() {
+        let k = Kernels::new(tier).unwrap();
+        for (m, d, runs) in [
+            (1, 128, vec![16, 16, 3]),
+            (2, 128, vec![16]),
+            (3, 64, vec![5, 1]),
+            (5, 32, vec![16, 7]),
+            (2, 96, vec![64, 64, 9]),
+            (17, 128, vec![16, 16, 16, 1]),
+            (2, 256, vec![300, 17]),
+            (4, 128, vec![1024, 16]),
+        ] {
+            let n: usize = runs.iter().sum();
+            let q: Vec<f32> = (0..m * d).map(|_| rng.f32() * 4.0).collect();
+            let x: Vec<f32> = (0..n * d).map(|_| rng.f32() * 4.0).collect();
+            let row = d / 32 * 34;
+            let mut bytes = vec![0u8; n * row];
+            onebit_kernels::formats::quantize(GgmlType::Q8_0, &x, &mut bytes).unwrap();
+            let mut wide = vec![0f32; n * d];
+            onebit_kernels::formats::dequantize(GgmlType::Q8_0, &bytes, &mut wide).unwrap();
+            let mut at = 0;
+            let mut qr = Vec::new();
+            for &len in &runs {
+                qr.push(&bytes[at * row..(at + len) * row]);
+                at += len;
+            }
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            let ldo = n + 3;
+            let mut want = vec![0f32; m * ldo];
+            k.gemm_nt(&q, &wide, d, &mut want, ldo);
+            let mut got = vec![0f32; m * ldo];
+            k.gemm_nt_pages(&q, Pages::Q8_0(&qr), d, &mut got, ldo);
+            assert_eq!(bits(&got), bits(&want), "{tier} gemm_nt_pages q8_0 {m}x{n}x{d} {runs:?}");
+            let p: Vec<f32> = (0..m * ldo).map(|i| if i % 7 == 0 { 0.0 } else { rng.f32().abs() }).collect();
+            let init: Vec<f32> = (0..m * d).map(|_| rng.f32()).collect();
+            let mut want = init.clone();
+            k.gemm_nn_acc(&p, ldo, &wide, d, &mut want);
+            let mut got = init.clone();
+            k.gemm_nn_acc_pages(&p, ldo, Pages::Q8_0(&qr), d, &mut got);
+            assert_eq!(bits(&got), bits(&want), "{tier} gemm_nn_acc_pages q8_0 {m}x{n}x{d} {runs:?}");
         }
     }
 }

@@ -19,7 +19,7 @@ use onebit_kernels::formats::dequantize;
 use onebit_kernels::{DisjointRows, Kernels, Pages, PerThread, Pool};
 
 use crate::config::Config;
-use crate::kv_cache::{BLOCK_TOKENS, KvPool, KvRow, KvType};
+use crate::kv_cache::{BLOCK_TOKENS, KvPool, KvRow, KvType, SUPER_BLOCKS};
 
 /// Queries per unit to aim for (tokens × heads of a group).
 const UNIT_QUERIES: usize = 64;
@@ -124,11 +124,11 @@ impl Attention<'_> {
 
         sc.scores.resize(nq * seen_all, 0.0);
         sc.rows.resize(ROW_BLOCK * d.max(dv), 0.0);
-        // Few queries read each cached row once or twice: products read f16 or f32 blocks where
-        // they lie. Many queries share a widened copy. Either way every score gets the same bits.
-        let direct = nq < DIRECT_QUERIES && self.kv.kv_type() != KvType::Q8_0;
+        // Few queries read each cached row once or twice: products read the blocks where they
+        // lie (widening halves or Q8_0 in the register). Many queries share a widened copy. Either way every score gets the same bits.
+        let direct = nq < DIRECT_QUERIES;
         if direct {
-            let pages = self.pages(table, seen_all, d, |b| self.kv.keys(self.layer, b, u.group));
+            let pages = self.pages(table, seen_all, false, u.group);
             self.kernels.gemm_nt_pages(&sc.q, pages.as_pages(), d, &mut sc.scores, seen_all);
         } else {
             for j0 in (0..seen_all).step_by(ROW_BLOCK) {
@@ -154,7 +154,7 @@ impl Attention<'_> {
         sc.out.clear();
         sc.out.resize(nq * dv, 0.0);
         if direct {
-            let pages = self.pages(table, seen_all, dv, |b| self.kv.values(self.layer, b, u.group));
+            let pages = self.pages(table, seen_all, true, u.group);
             self.kernels.gemm_nn_acc_pages(&sc.scores, seen_all, pages.as_pages(), dv, &mut sc.out);
         } else {
             for j0 in (0..seen_all).step_by(ROW_BLOCK) {
@@ -178,17 +178,31 @@ impl Attention<'_> {
 }
 
 impl Attention<'_> {
-    /// A sequence's rows `0..n` (keys or values of one head, `width` values each, as `page`
-    /// gives them for a block) as runs where they lie, one per block.
-    fn pages<'k>(&self, table: &[u32], n: usize, width: usize, page: impl Fn(usize) -> KvRow<'k>) -> Runs<'k> {
+    /// A sequence's rows `0..n` (keys or values of kv head `head`) as runs where they lie:
+    /// blocks that follow each other in the table and in the pool (within a superblock) make
+    /// one run.
+    fn pages(&self, table: &[u32], n: usize, values: bool, head: usize) -> Runs<'_> {
+        let c = self.config;
+        let width = if values { c.value_dim } else { c.head_dim };
+        let blocks = &table[..n.div_ceil(BLOCK_TOKENS)];
         let mut runs = Runs::default();
-        for (i, &block) in table.iter().enumerate().take(n.div_ceil(BLOCK_TOKENS)) {
-            let len = (n - i * BLOCK_TOKENS).min(BLOCK_TOKENS) * width;
-            match page(block as usize) {
+        let mut i = 0;
+        while i < blocks.len() {
+            let first = blocks[i] as usize;
+            let mut m = 1;
+            while i + m < blocks.len()
+                && blocks[i + m] as usize == first + m
+                && !(first + m).is_multiple_of(SUPER_BLOCKS)
+            {
+                m += 1;
+            }
+            let len = (n - i * BLOCK_TOKENS).min(m * BLOCK_TOKENS) * width;
+            match self.kv.run(self.layer, values, first, m, head) {
                 KvRow::F16(v) => runs.f16.push(&v[..len]),
                 KvRow::F32(v) => runs.f32.push(&v[..len]),
-                KvRow::Q8_0(_) => unreachable!("q8_0 rows are widened, not read in place"),
+                KvRow::Q8_0(v) => runs.q8.push(&v[..len / 32 * 34]),
             }
+            i += m;
         }
         runs
     }
@@ -220,15 +234,22 @@ fn widen(kernels: Kernels, rows: KvRow, at: usize, dst: &mut [f32]) {
     }
 }
 
-/// Runs of cached rows of one kind (the other list stays empty).
+/// Runs of cached rows of one kind (the other lists stay empty).
 #[derive(Default)]
 struct Runs<'k> {
     f16: Vec<&'k [u16]>,
     f32: Vec<&'k [f32]>,
+    q8: Vec<&'k [u8]>,
 }
 
 impl Runs<'_> {
     fn as_pages(&self) -> Pages<'_> {
-        if self.f16.is_empty() { Pages::F32(&self.f32) } else { Pages::F16(&self.f16) }
+        if !self.f16.is_empty() {
+            Pages::F16(&self.f16)
+        } else if !self.q8.is_empty() {
+            Pages::Q8_0(&self.q8)
+        } else {
+            Pages::F32(&self.f32)
+        }
     }
 }

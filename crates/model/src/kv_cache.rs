@@ -6,9 +6,13 @@
 //! common prefix, and a sequence's memory grows a block at a time. Attention reads the blocks
 //! where they lie, through the table.
 //!
-//! Storage per layer is `[block][kv head][position in block][dim]`: one head's positions of a
-//! block are contiguous, so attention widens them in one run. The pool is allocated zeroed and
-//! lazily by the OS: pages of blocks never written are never resident.
+//! Storage per layer is `[superblock][kv head][block in superblock][position in block][dim]`,
+//! a superblock being [`SUPER_BLOCKS`] consecutive blocks: one head's positions of a block are
+//! contiguous, and so are those of consecutive blocks of a superblock, so that attention reads
+//! a sequence whose blocks follow each other in long runs the hardware streams (rather than a
+//! few KiB here and there). A block's rows still lie within its superblock's span of each
+//! layer, so writing a block makes resident about as much of the pool as before. The pool is
+//! allocated zeroed and lazily by the OS: pages of blocks never written are never resident.
 //!
 //! Rows are kept as IEEE halves (llama.cpp's default), f32, or Q8_0 blocks (34 bytes per 32
 //! values, about half the bytes of f16 for attention to read; quantized the way llama.cpp's
@@ -27,6 +31,17 @@ use crate::error::ModelError;
 
 /// Positions per block.
 pub const BLOCK_TOKENS: usize = 16;
+
+/// Blocks per superblock (see the module's notes on storage).
+pub(crate) const SUPER_BLOCKS: usize = 64;
+
+/// Row (of one head's keys or values at one position) of `slot` of kv head `head` in `block`,
+/// in a layer of a pool of `n_blocks` blocks and `n_kv_heads` heads.
+fn row_index(n_blocks: usize, n_kv_heads: usize, block: usize, head: usize, slot: usize) -> usize {
+    let first = block / SUPER_BLOCKS * SUPER_BLOCKS;
+    let span = (n_blocks - first).min(SUPER_BLOCKS);
+    (first * n_kv_heads + head * span + (block - first)) * BLOCK_TOKENS + slot
+}
 
 /// How cached keys and values are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -170,7 +185,7 @@ impl KvPool {
 
     /// Value offset of `slot` of kv head `head` in `block`, for rows of `width`.
     fn offset(&self, block: usize, head: usize, slot: usize, width: usize) -> usize {
-        ((block * self.n_kv_heads + head) * BLOCK_TOKENS + slot) * width
+        row_index(self.n_blocks, self.n_kv_heads, block, head, slot) * width
     }
 
     /// `n` values from value offset `at` of the store starting at byte `base`.
@@ -219,6 +234,7 @@ impl KvPool {
         KvWriter {
             keys: DisjointRows::new(keys, kv_type.bytes(head_dim)),
             values: DisjointRows::new(values, kv_type.bytes(value_dim)),
+            n_blocks: self.n_blocks,
             n_kv_heads,
             head_dim,
             value_dim,
@@ -236,12 +252,22 @@ impl KvPool {
         let o = self.offset(block, head, 0, self.value_dim);
         self.view(self.layer_at(layer, true), o, BLOCK_TOKENS * self.value_dim)
     }
+
+    /// The keys (or values) of kv head `head` for every position of blocks `block ..
+    /// block + n` in one run: they must lie in one superblock.
+    pub(crate) fn run(&self, layer: usize, values: bool, block: usize, n: usize, head: usize) -> KvRow<'_> {
+        assert!(n > 0 && block / SUPER_BLOCKS == (block + n - 1) / SUPER_BLOCKS && block + n <= self.n_blocks);
+        let width = if values { self.value_dim } else { self.head_dim };
+        let o = self.offset(block, head, 0, width);
+        self.view(self.layer_at(layer, values), o, n * BLOCK_TOKENS * width)
+    }
 }
 
 /// Writes into one layer of a [`KvPool`] from several threads (see [`KvPool::writer`]).
 pub(crate) struct KvWriter<'a> {
     keys: DisjointRows<'a, u8>,
     values: DisjointRows<'a, u8>,
+    n_blocks: usize,
     n_kv_heads: usize,
     head_dim: usize,
     value_dim: usize,
@@ -258,7 +284,7 @@ impl KvWriter<'_> {
         let ty = self.kv_type;
         let (d, dv) = (self.head_dim, self.value_dim);
         let rows = |h: usize| {
-            let r = (block * self.n_kv_heads + h) * BLOCK_TOKENS + slot;
+            let r = row_index(self.n_blocks, self.n_kv_heads, block, h, slot);
             // SAFETY: (both loops) row `r` of the keys and of the values is position (block,
             // slot) of head `h`, which the caller guarantees nobody else writes meanwhile (and
             // each loop's slices are dropped before the next loop takes them again).

@@ -60,43 +60,87 @@ fn round_f16_impl(x: &mut [f32]) {
     }
 }
 
-/// An element of the keys or values the block products read: f32, or an IEEE half widened in
-/// the register (the same value, so the same products as widening to f32 first).
-pub(super) trait Elem: Copy {
-    /// The lanes of `m` from `p`, as f32 (zero elsewhere).
+/// How the keys or values the block products read are stored: f32, IEEE halves or Q8_0 blocks,
+/// each widened in the register to exactly the f32 values that widening the rows first gives
+/// (so the same products).
+pub(super) trait Elem {
+    /// What the runs are slices of.
+    type E: Copy;
+
+    /// Elements of `E` in a row of `k` values.
+    fn row_len(k: usize) -> usize {
+        k
+    }
+
+    /// The lanes of `m` of values `d .. d + 16` of the row at `row`, as f32 (zero elsewhere).
     ///
     /// # Safety
-    /// The lanes of `m` must lie inside one slice; AVX-512 F must be present.
-    unsafe fn load(p: *const Self, m: __mmask16) -> __m512;
+    /// The lanes of `m` must lie inside the row, which lies inside one slice; `d` is a multiple
+    /// of 16; AVX-512 F/BW/VL and F16C must be present.
+    unsafe fn load(row: *const Self::E, d: usize, m: __mmask16) -> __m512;
 }
 
 impl Elem for f32 {
+    type E = f32;
+
     #[inline(always)]
-    unsafe fn load(p: *const f32, m: __mmask16) -> __m512 {
-        // SAFETY: the lanes of `m` lie inside one slice, and AVX-512 F is present (the
-        // contract of `Elem::load`).
-        unsafe { _mm512_maskz_loadu_ps(m, p) }
+    unsafe fn load(row: *const f32, d: usize, m: __mmask16) -> __m512 {
+        // SAFETY: the lanes of `m` lie inside the row, and AVX-512 F is present (the contract
+        // of `Elem::load`).
+        unsafe { _mm512_maskz_loadu_ps(m, row.add(d)) }
     }
 }
 
 impl Elem for u16 {
+    type E = u16;
+
     #[inline(always)]
-    unsafe fn load(p: *const u16, m: __mmask16) -> __m512 {
-        // SAFETY: the lanes of `m` lie inside one slice, and AVX-512 F is present (the
-        // contract of `Elem::load`); F16C too: the AVX-512 tier requires the AVX2 tier's
-        // features, F16C among them (`KernelTier::is_available`).
-        unsafe { _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p as *const i16)) }
+    unsafe fn load(row: *const u16, d: usize, m: __mmask16) -> __m512 {
+        // SAFETY: the lanes of `m` lie inside the row, and AVX-512 F/BW/VL and F16C are
+        // present (the contract of `Elem::load`; the AVX-512 tier requires the AVX2 tier's
+        // features, F16C among them: `KernelTier::is_available`).
+        unsafe { _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row.add(d) as *const i16)) }
     }
 }
 
-/// Ask for a run of cached rows before it is needed: runs are blocks scattered over the pool,
-/// each too short for the hardware prefetcher to find on its own.
+/// Rows stored as Q8_0 blocks (34 bytes: an f16 scale, then 32 signed bytes), widened as
+/// `dequantize_q8_0` widens them: `q as f32 * scale`, one rounding.
+pub(super) struct Q8;
+
+impl Elem for Q8 {
+    type E = u8;
+
+    fn row_len(k: usize) -> usize {
+        k / 32 * 34
+    }
+
+    #[inline(always)]
+    unsafe fn load(row: *const u8, d: usize, m: __mmask16) -> __m512 {
+        // SAFETY: the contract of `Elem::load`: the 16 values from `d` (a multiple of 16) lie in
+        // one block of the row, whose scale is its first two bytes; AVX-512 F/BW/VL and F16C.
+        unsafe {
+            let block = row.add(d / 32 * 34);
+            let scale = _mm512_cvtph_ps(_mm256_set1_epi16((block as *const i16).read_unaligned()));
+            let q = _mm_maskz_loadu_epi8(m, block.add(2 + d % 32) as *const i8);
+            _mm512_maskz_mul_ps(m, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), scale)
+        }
+    }
+}
+
+/// Bytes ahead of the rows being read that the products ask for. Runs are a few KiB to a few
+/// hundred KiB scattered over the pool: the hardware prefetcher finds the long ones late and
+/// the short ones not at all, and decode attention is a stream of them.
+const AHEAD: usize = 4096;
+
+/// Ask for the lines of bytes `from .. to` of a run (cut at its end) to be brought into L2.
 #[inline(always)]
-fn prefetch<B>(run: &[B]) {
-    let (p, bytes) = (run.as_ptr() as *const i8, std::mem::size_of_val(run));
-    for off in (0..bytes).step_by(64) {
+fn prefetch<B>(run: &[B], from: usize, to: usize) {
+    let (p, to) = (run.as_ptr() as *const i8, to.min(std::mem::size_of_val(run)));
+    let mut off = from & !63;
+    while off < to {
         // SAFETY: a prefetch of an address inside the run; it cannot fault.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off)) };
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(off)) };
+        off += 64;
     }
 }
 
@@ -112,19 +156,22 @@ fn prefetch<B>(run: &[B]) {
 ///
 /// The rows of `b` come as consecutive runs (`pages`: the blocks of a paged cache), each whole
 /// rows of `k`; column j of `out` is the j-th row over all runs.
-fn gemm_nt_impl<B: Elem>(a: &[f32], pages: &[&[B]], k: usize, out: &mut [f32], ldo: usize) {
+fn gemm_nt_impl<B: Elem>(a: &[f32], pages: &[&[B::E]], k: usize, out: &mut [f32], ldo: usize) {
     let m = a.len() / k;
-    let n: usize = pages.iter().map(|p| p.len() / k).sum();
+    let n: usize = pages.iter().map(|p| p.len() / B::row_len(k)).sum();
     let mut i = 0;
     while i < m {
         let r = (m - i).min(4);
         assert!((i + r) * k <= a.len() && (i + r - 1) * ldo + n <= out.len());
         let mut j = 0;
+        if let Some(first) = pages.first() {
+            prefetch(first, 0, AHEAD);
+        }
         for (pi, b) in pages.iter().enumerate() {
             if let Some(next) = pages.get(pi + 1) {
-                prefetch(next);
+                prefetch(next, 0, AHEAD);
             }
-            let pn = b.len() / k;
+            let pn = b.len() / B::row_len(k);
             // SAFETY: rows i..i + r of `a`, and of `out` up to column n, lie inside them (just
             // checked); `cols` reads the run's rows and writes its columns j..j + pn < n.
             unsafe {
@@ -146,20 +193,22 @@ fn gemm_nt_impl<B: Elem>(a: &[f32], pages: &[&[B]], k: usize, out: &mut [f32], l
 #[inline(always)]
 unsafe fn cols<B: Elem, const R: usize, const C: usize>(
     a: *const f32,
-    b: &[B],
+    b: &[B::E],
     n: usize,
     k: usize,
     out: *mut f32,
     ldo: usize,
 ) {
+    let row_bytes = B::row_len(k) * std::mem::size_of::<B::E>();
     let mut j = 0;
     while j < n {
+        prefetch(&b[..n * B::row_len(k)], j * row_bytes + AHEAD, (j + C) * row_bytes + AHEAD);
         let c = (n - j).min(C);
         // SAFETY: the caller's contract (R rows of `k` at `a`, `n` rows of `k` in `b`, R rows
         // of `n` at `out`, `ldo` apart), so every row pointer is row j + q.min(c - 1) < n of `b`
         // (the last block repeats row n - 1 past the end) and `block` gets its contract.
         unsafe {
-            let rows: [*const B; C] = std::array::from_fn(|q| b.as_ptr().add((j + q.min(c - 1)) * k));
+            let rows: [*const B::E; C] = std::array::from_fn(|q| b.as_ptr().add((j + q.min(c - 1)) * B::row_len(k)));
             block::<B, R, C>(a, &rows, k, out.add(j), ldo, c);
         }
         j += C;
@@ -170,7 +219,7 @@ unsafe fn cols<B: Elem, const R: usize, const C: usize>(
 #[inline(always)]
 unsafe fn block<B: Elem, const R: usize, const C: usize>(
     a: *const f32,
-    rows: &[*const B; C],
+    rows: &[*const B::E; C],
     k: usize,
     out: *mut f32,
     ldo: usize,
@@ -182,10 +231,10 @@ unsafe fn block<B: Elem, const R: usize, const C: usize>(
         let mut acc = [[_mm512_setzero_ps(); C]; R];
         let full = k / 16 * 16;
         for d in (0..full).step_by(16) {
-            chunk(&mut acc, a, rows, k, d, 0xffff);
+            chunk::<B, R, C>(&mut acc, a, rows, k, d, 0xffff);
         }
         if full < k {
-            chunk(&mut acc, a, rows, k, full, mask(k - full));
+            chunk::<B, R, C>(&mut acc, a, rows, k, full, mask(k - full));
         }
         // Output (r, q) is lane C·r + q of the tree's result; `hsum16` puts input 4(o % 4) + o / 4
         // in lane o.
@@ -209,7 +258,7 @@ unsafe fn block<B: Elem, const R: usize, const C: usize>(
 unsafe fn chunk<B: Elem, const R: usize, const C: usize>(
     acc: &mut [[__m512; C]; R],
     a: *const f32,
-    rows: &[*const B; C],
+    rows: &[*const B::E; C],
     k: usize,
     d: usize,
     m: __mmask16,
@@ -219,7 +268,7 @@ unsafe fn chunk<B: Elem, const R: usize, const C: usize>(
     unsafe {
         let av: [__m512; R] = std::array::from_fn(|r| _mm512_maskz_loadu_ps(m, a.add(r * k + d)));
         for q in 0..C {
-            let bv = B::load(rows[q].add(d), m);
+            let bv = B::load(rows[q], d, m);
             for r in 0..R {
                 acc[r][q] = _mm512_fmadd_ps(av[r], bv, acc[r][q]);
             }
@@ -259,9 +308,9 @@ unsafe fn hsum16(v: &[__m512; 16]) -> __m512 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 ///
 /// The rows of `b` come as consecutive runs (`pages`), as for [`gemm_nt_impl`].
-fn gemm_nn_acc_impl<B: Elem>(a: &[f32], lda: usize, pages: &[&[B]], n: usize, out: &mut [f32]) {
+fn gemm_nn_acc_impl<B: Elem>(a: &[f32], lda: usize, pages: &[&[B::E]], n: usize, out: &mut [f32]) {
     let m = out.len() / n;
-    let kk: usize = pages.iter().map(|p| p.len() / n).sum();
+    let kk: usize = pages.iter().map(|p| p.len() / B::row_len(n)).sum();
     let mut i = 0;
     while i < m {
         let r = (m - i).min(3);
@@ -290,7 +339,7 @@ fn gemm_nn_acc_impl<B: Elem>(a: &[f32], lda: usize, pages: &[&[B]], n: usize, ou
 unsafe fn acc_rows<B: Elem, const R: usize>(
     p: *const f32,
     lda: usize,
-    pages: &[&[B]],
+    pages: &[&[B::E]],
     n: usize,
     c0: usize,
     width: usize,
@@ -321,7 +370,7 @@ unsafe fn acc_rows<B: Elem, const R: usize>(
 unsafe fn acc_cols<B: Elem, const V: usize, const R: usize>(
     p: *const f32,
     lda: usize,
-    pages: &[&[B]],
+    pages: &[&[B::E]],
     n: usize,
     c0: usize,
     width: usize,
@@ -335,15 +384,22 @@ unsafe fn acc_cols<B: Elem, const V: usize, const R: usize>(
         // Every vector but the last is whole.
         let last = mask(width - 16 * (V - 1));
         let lanes = |v: usize| if v + 1 < V { 0xffff } else { last };
-        let load = |row: *const B, v: usize| B::load(row.add(16 * v), lanes(v));
-        let mut acc: [[__m512; V]; R] =
-            std::array::from_fn(|r| std::array::from_fn(|v| f32::load(o.add(r * n + c0 + 16 * v), lanes(v))));
+        let load = |row: *const B::E, v: usize| B::load(row, c0 + 16 * v, lanes(v));
+        let mut acc: [[__m512; V]; R] = std::array::from_fn(|r| {
+            std::array::from_fn(|v| _mm512_maskz_loadu_ps(lanes(v), o.add(r * n + c0 + 16 * v)))
+        });
         let mut j = 0;
+        let row_len = B::row_len(n);
+        let row_bytes = row_len * std::mem::size_of::<B::E>();
+        if let Some(first) = pages.first() {
+            prefetch(first, 0, AHEAD);
+        }
         for (pi, b) in pages.iter().enumerate() {
             if let Some(next) = pages.get(pi + 1) {
-                prefetch(next);
+                prefetch(next, 0, AHEAD);
             }
-            for jl in 0..b.len() / n {
+            for jl in 0..b.len() / row_len {
+                prefetch(b, jl * row_bytes + AHEAD, (jl + 1) * row_bytes + AHEAD);
                 let w: [f32; R] = std::array::from_fn(|r| *p.add(r * lda + j));
                 j += 1;
                 let zeros = w.iter().filter(|&&w| w == 0.0).count();
@@ -351,7 +407,7 @@ unsafe fn acc_cols<B: Elem, const V: usize, const R: usize>(
                     continue;
                 }
                 let wv: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(w[r]));
-                let row = b.as_ptr().add(jl * n + c0);
+                let row = b.as_ptr().add(jl * row_len);
                 if zeros == 0 {
                     for v in 0..V {
                         let x = load(row, v);
@@ -402,26 +458,30 @@ pub(crate) fn round_f16(x: &mut [f32]) {
 }
 pub(crate) fn gemm_nt(a: &[f32], b: &[f32], k: usize, out: &mut [f32], ldo: usize) {
     // SAFETY: AVX-512 tier (see `f16_to_f32`); the kernel asserts its rows lie in its slices.
-    unsafe { gemm_nt_impl(a, &[b], k, out, ldo) }
+    unsafe { gemm_nt_impl::<f32>(a, &[b], k, out, ldo) }
 }
 pub(crate) fn gemm_nn_acc(a: &[f32], lda: usize, b: &[f32], n: usize, out: &mut [f32]) {
     // SAFETY: AVX-512 tier (see `f16_to_f32`); the kernel asserts its rows lie in its slices.
-    unsafe { gemm_nn_acc_impl(a, lda, &[b], n, out) }
+    unsafe { gemm_nn_acc_impl::<f32>(a, lda, &[b], n, out) }
 }
 pub(crate) fn gemm_nt_pages(a: &[f32], pages: Pages, k: usize, out: &mut [f32], ldo: usize) {
     match pages {
         // SAFETY: AVX-512 tier (see `f16_to_f32`); the kernel asserts its rows lie in its
         // slices, and `Kernels` checked that every run is whole rows.
-        Pages::F32(p) => unsafe { gemm_nt_impl(a, p, k, out, ldo) },
+        Pages::F32(p) => unsafe { gemm_nt_impl::<f32>(a, p, k, out, ldo) },
         // SAFETY: as above.
-        Pages::F16(p) => unsafe { gemm_nt_impl(a, p, k, out, ldo) },
+        Pages::F16(p) => unsafe { gemm_nt_impl::<u16>(a, p, k, out, ldo) },
+        // SAFETY: as above (`Kernels` checked that `k` is a multiple of 32, whole blocks).
+        Pages::Q8_0(p) => unsafe { gemm_nt_impl::<Q8>(a, p, k, out, ldo) },
     }
 }
 pub(crate) fn gemm_nn_acc_pages(a: &[f32], lda: usize, pages: Pages, n: usize, out: &mut [f32]) {
     match pages {
         // SAFETY: as for `gemm_nt_pages`.
-        Pages::F32(p) => unsafe { gemm_nn_acc_impl(a, lda, p, n, out) },
+        Pages::F32(p) => unsafe { gemm_nn_acc_impl::<f32>(a, lda, p, n, out) },
         // SAFETY: as above.
-        Pages::F16(p) => unsafe { gemm_nn_acc_impl(a, lda, p, n, out) },
+        Pages::F16(p) => unsafe { gemm_nn_acc_impl::<u16>(a, lda, p, n, out) },
+        // SAFETY: as above (`Kernels` checked that `n` is a multiple of 32, whole blocks).
+        Pages::Q8_0(p) => unsafe { gemm_nn_acc_impl::<Q8>(a, lda, p, n, out) },
     }
 }
