@@ -93,27 +93,6 @@ impl AlignedBuf {
         self.len = len;
     }
 
-    /// `len` zero bytes, fresh from the allocator (large ones are zero pages that are faulted
-    /// in by whichever thread first writes them, not by a memset on the caller's thread), in
-    /// transparent huge pages where the system allows, for buffers that fill a model's memory.
-    pub fn zeroed(len: usize) -> AlignedBuf {
-        let n = len.div_ceil(64);
-        if n == 0 {
-            return AlignedBuf::default();
-        }
-        let layout = std::alloc::Layout::array::<Chunk>(n).expect("buffer size overflows");
-        // SAFETY: the layout is non-zero in size (n > 0).
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<Chunk>();
-        if ptr.is_null() {
-            std::alloc::handle_alloc_error(layout);
-        }
-        advise_huge(ptr.cast(), n * 64);
-        // SAFETY: `ptr` was allocated with the layout of `n` chunks (Vec<Chunk>'s own layout for
-        // capacity n), and all-zero bytes are valid chunks.
-        let chunks = unsafe { Vec::from_raw_parts(ptr, n, n) };
-        AlignedBuf { chunks, len }
-    }
-
     pub fn as_bytes(&self) -> &[u8] {
         // SAFETY: `Chunk` is 64 plain bytes, so the vector's storage is `64 * len` initialised bytes.
         unsafe { std::slice::from_raw_parts(self.chunks.as_ptr().cast::<u8>(), self.len) }
@@ -132,24 +111,6 @@ impl AlignedBuf {
         let n = self.len / 4 * 4;
         bytemuck::cast_slice_mut(&mut self.as_bytes_mut()[..n])
     }
-}
-
-/// Ask for transparent huge pages on the whole 2 MiB pages inside a large allocation: far fewer
-/// page faults when a repacked model is first written. Advice only; failure changes nothing.
-fn advise_huge(ptr: *mut u8, len: usize) {
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE: usize = 2 << 20;
-        let start = (ptr as usize).next_multiple_of(HUGE);
-        let end = (ptr as usize + len) / HUGE * HUGE;
-        if end > start {
-            // SAFETY: the range lies inside an allocation we own; MADV_HUGEPAGE changes how its
-            // pages are backed, never their contents.
-            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (ptr, len);
 }
 
 /// Rows of activations in one [`ActFormat`], reused from product to product.

@@ -1,6 +1,8 @@
-//! Memory for repacked weights: one zeroed mapping per model (or per matrix packed alone), 2 MiB
-//! aligned and backed by transparent huge pages where the system allows, so that writing a
-//! model's packed copy takes a few hundred page faults instead of hundreds of thousands.
+//! Large zeroed buffers that are written long after they are made: the repacked weights (one
+//! mapping per model, or per matrix packed alone) and the KV pool. 2 MiB aligned and backed by
+//! transparent huge pages where the system allows, so that writing a model's packed copy or a
+//! pool's blocks takes a few hundred page faults instead of hundreds of thousands (expensive in
+//! a VM), and reserved without being touched, so that a pool costs memory only as it fills.
 
 /// Huge page size (x86-64 and aarch64 with 4 KiB pages).
 #[cfg(target_os = "linux")]
@@ -30,34 +32,41 @@ impl std::fmt::Debug for Arena {
 }
 
 impl Arena {
-    /// `len` zero bytes. On unix a fresh anonymous mapping (zero pages, faulted in by whichever
-    /// thread first writes them); from 2 MiB up it starts on a 2 MiB boundary and is advised for
-    /// huge pages.
-    #[cfg(unix)]
+    /// `len` zero bytes; aborts as an allocation failure would when they cannot be had.
     pub fn zeroed(len: usize) -> Arena {
+        Arena::try_zeroed(len).unwrap_or_else(|| {
+            std::alloc::handle_alloc_error(std::alloc::Layout::from_size_align(len, 64).expect("arena size overflows"))
+        })
+    }
+
+    /// `len` zero bytes, or `None` when the system will not reserve them. On unix a fresh
+    /// anonymous mapping (zero pages, faulted in by whichever thread first writes them, no swap
+    /// reserved); from 2 MiB up it starts on a 2 MiB boundary and is advised for huge pages.
+    #[cfg(unix)]
+    pub fn try_zeroed(len: usize) -> Option<Arena> {
         if len == 0 {
-            return Arena { ptr: std::ptr::NonNull::dangling(), len: 0, map_len: 0 };
+            return Some(Arena { ptr: std::ptr::NonNull::dangling(), len: 0, map_len: 0 });
         }
         #[cfg(target_os = "linux")]
         let align = if len >= HUGE { HUGE } else { 1 };
         #[cfg(not(target_os = "linux"))]
         let align = 1;
         let page = page_size();
-        let map_len = len.next_multiple_of(page);
-        let over = map_len + if align > page { align } else { 0 };
+        let map_len = len.checked_next_multiple_of(page)?;
+        let over = map_len.checked_add(if align > page { align } else { 0 })?;
         // SAFETY: a new private anonymous mapping; it aliases nothing.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 over,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
                 -1,
                 0,
             )
         };
         if p == libc::MAP_FAILED {
-            std::alloc::handle_alloc_error(std::alloc::Layout::from_size_align(len, 64).expect("arena size overflows"));
+            return None;
         }
         let base = p as usize;
         let start = base.next_multiple_of(align.max(page));
@@ -79,21 +88,21 @@ impl Arena {
             // backed, never their contents. Advice only: failure changes nothing.
             unsafe { libc::madvise(start as *mut libc::c_void, map_len, libc::MADV_HUGEPAGE) };
         }
-        let ptr = std::ptr::NonNull::new(start as *mut u8).expect("mmap returned null");
-        Arena { ptr, len, map_len }
+        let ptr = std::ptr::NonNull::new(start as *mut u8)?;
+        Some(Arena { ptr, len, map_len })
     }
 
-    /// `len` zero bytes, 64-byte aligned.
+    /// `len` zero bytes, 64-byte aligned, or `None` when they cannot be allocated.
     #[cfg(not(unix))]
-    pub fn zeroed(len: usize) -> Arena {
+    pub fn try_zeroed(len: usize) -> Option<Arena> {
         if len == 0 {
-            return Arena { ptr: std::ptr::NonNull::dangling(), len: 0, layout: None };
+            return Some(Arena { ptr: std::ptr::NonNull::dangling(), len: 0, layout: None });
         }
-        let layout = std::alloc::Layout::from_size_align(len, 64).expect("arena size overflows");
+        let layout = std::alloc::Layout::from_size_align(len, 64).ok()?;
         // SAFETY: the layout is non-zero in size.
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = std::ptr::NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        Arena { ptr, len, layout: Some(layout) }
+        let ptr = std::ptr::NonNull::new(p)?;
+        Some(Arena { ptr, len, layout: Some(layout) })
     }
 
     pub fn len(&self) -> usize {

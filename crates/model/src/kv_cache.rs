@@ -23,6 +23,7 @@
 use std::str::FromStr;
 
 use onebit_kernels::act::quantize_q8_0_act;
+use onebit_kernels::arena::Arena;
 use onebit_kernels::formats::{BlockQ8_0, blocks_mut};
 use onebit_kernels::{DisjointRows, Kernels};
 
@@ -115,7 +116,8 @@ const Q8_BLOCK_BYTES: usize = std::mem::size_of::<BlockQ8_0>();
 /// aligned to and advised for 2 MiB pages, so that pages touched for the first time while
 /// sequences decode cost one fault per 2 MiB rather than one per 4 KiB.
 pub struct KvPool {
-    buf: PoolBuf,
+    /// Zeroed, 2 MiB aligned, in huge pages, untouched until written.
+    buf: Arena,
     /// Bytes of one layer's keys, and of its values.
     k_bytes: usize,
     v_bytes: usize,
@@ -152,7 +154,7 @@ impl KvPool {
         };
         let (k_bytes, v_bytes) = (layer(config.head_dim)?, layer(config.value_dim)?);
         let total = (k_bytes + v_bytes).checked_mul(config.n_layers).ok_or_else(too_big)?;
-        let buf = PoolBuf::zeroed(total).ok_or_else(too_big)?;
+        let buf = Arena::try_zeroed(total).ok_or_else(too_big)?;
         Ok(KvPool {
             buf,
             k_bytes,
@@ -175,7 +177,7 @@ impl KvPool {
 
     /// Bytes the pool may grow to.
     pub fn capacity_bytes(&self) -> usize {
-        self.buf.len
+        self.buf.len()
     }
 
     /// Byte offset of layer `layer`'s keys (or values).
@@ -191,10 +193,8 @@ impl KvPool {
     /// `n` values from value offset `at` of the store starting at byte `base`.
     fn view(&self, base: usize, at: usize, n: usize) -> KvRow<'_> {
         let (start, len) = (base + self.kv_type.bytes(at), self.kv_type.bytes(n));
-        assert!(start + len <= self.buf.len, "a KV row past the end of the pool");
-        // SAFETY: inside the buffer (just checked), which holds initialized (zeroed) bytes; a
-        // shared borrow of the pool excludes writers.
-        let bytes = unsafe { std::slice::from_raw_parts(self.buf.ptr.add(start), len) };
+        assert!(start + len <= self.buf.len(), "a KV row past the end of the pool");
+        let bytes = &self.buf.bytes()[start..start + len];
         match self.kv_type {
             KvType::F16 => KvRow::F16(bytemuck::cast_slice(bytes)),
             KvType::F32 => KvRow::F32(bytemuck::cast_slice(bytes)),
@@ -206,7 +206,7 @@ impl KvPool {
     /// `blocks`, as stored (for comparing caches bit for bit).
     pub fn position_bytes(&self, blocks: &[u32], pos: usize) -> Vec<u8> {
         let (block, slot) = (blocks[pos / BLOCK_TOKENS] as usize, pos % BLOCK_TOKENS);
-        let n_layers = self.buf.len.checked_div(self.k_bytes + self.v_bytes).unwrap_or(0);
+        let n_layers = self.buf.len().checked_div(self.k_bytes + self.v_bytes).unwrap_or(0);
         let mut out = Vec::new();
         for layer in 0..n_layers {
             for head in 0..self.n_kv_heads {
@@ -228,7 +228,7 @@ impl KvPool {
     pub(crate) fn writer(&mut self, layer: usize) -> KvWriter<'_> {
         let (ko, k_bytes, v_bytes) = (self.layer_at(layer, false), self.k_bytes, self.v_bytes);
         let (n_kv_heads, head_dim, value_dim, kv_type) = (self.n_kv_heads, self.head_dim, self.value_dim, self.kv_type);
-        let (keys, values) = self.buf.as_bytes_mut()[ko..ko + k_bytes + v_bytes].split_at_mut(k_bytes);
+        let (keys, values) = self.buf.bytes_mut()[ko..ko + k_bytes + v_bytes].split_at_mut(k_bytes);
         // A layer's keys (values) are rows of `head_dim` (`value_dim`) values, one per
         // (block, head, slot): row `offset(block, head, slot, width) / width`.
         KvWriter {
@@ -310,119 +310,6 @@ fn store_raw(kernels: Kernels, ty: KvType, out: &mut [u8], x: &[f32]) {
         KvType::F32 => out.copy_from_slice(bytemuck::cast_slice(x)),
         KvType::Q8_0 => quantize_q8_0_act(x, blocks_mut(out)),
     }
-}
-
-/// The pool's bytes: zeroed, 2 MiB aligned, untouched until written.
-struct PoolBuf {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: a plain owned buffer (like a `Box<[u8]>`, not a view shared by threads): reads go
-// through `&KvPool`, writes through `&mut KvPool` (`KvPool::writer`), so the borrow rules
-// order them.
-unsafe impl Send for PoolBuf {}
-// SAFETY: as for `Send`; `&PoolBuf` gives no way to write.
-unsafe impl Sync for PoolBuf {}
-
-const HUGE_PAGE: usize = 2 << 20;
-
-impl PoolBuf {
-    /// `len` zeroed bytes, reserved from the OS but not touched, or `None` when they cannot be
-    /// reserved.
-    #[cfg(unix)]
-    fn zeroed(len: usize) -> Option<PoolBuf> {
-        if len == 0 {
-            return Some(PoolBuf { ptr: std::ptr::NonNull::<u64>::dangling().as_ptr() as *mut u8, len });
-        }
-        // Anonymous pages come zeroed and are backed only when touched. Map 2 MiB more than
-        // needed, then give back what lies outside the first 2 MiB-aligned `len` bytes.
-        let map_len = len.checked_add(HUGE_PAGE)?;
-        // SAFETY: a fresh private anonymous mapping; the result is checked below.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return None;
-        }
-        let start = (base as usize).next_multiple_of(HUGE_PAGE);
-        let (head, tail) = (start - base as usize, base as usize + map_len - (start + len));
-        // SAFETY: both ranges lie inside the mapping just made and outside the part we keep.
-        unsafe {
-            if head > 0 {
-                libc::munmap(base, head);
-            }
-            if tail > 0 {
-                libc::munmap((start + len) as *mut libc::c_void, tail);
-            }
-        }
-        let ptr = start as *mut u8;
-        huge_pages(ptr, len);
-        Some(PoolBuf { ptr, len })
-    }
-
-    #[cfg(not(unix))]
-    fn zeroed(len: usize) -> Option<PoolBuf> {
-        if len == 0 {
-            return Some(PoolBuf { ptr: std::ptr::NonNull::<u64>::dangling().as_ptr() as *mut u8, len });
-        }
-        let layout = std::alloc::Layout::from_size_align(len, 64).ok()?;
-        // SAFETY: the layout has a non-zero size; the allocation is checked for null below.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        (!ptr.is_null()).then_some(PoolBuf { ptr, len })
-    }
-}
-
-impl PoolBuf {
-    fn as_bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: `len` initialized (zeroed) bytes that this buffer owns; `&mut self` makes the
-        // slice their only user.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
-impl Drop for PoolBuf {
-    fn drop(&mut self) {
-        if self.len == 0 {
-            return;
-        }
-        // SAFETY: the mapping (or allocation) made in `zeroed`, with this length.
-        #[cfg(unix)]
-        unsafe {
-            libc::munmap(self.ptr as *mut libc::c_void, self.len);
-        }
-        #[cfg(not(unix))]
-        unsafe {
-            std::alloc::dealloc(self.ptr, std::alloc::Layout::from_size_align_unchecked(self.len, 64))
-        };
-    }
-}
-
-/// Ask for transparent huge pages on a fresh, untouched allocation: a pool's pages are first
-/// touched while sequences decode, and with 4 KiB pages each new block costs dozens of page
-/// faults (expensive in a VM); with 2 MiB pages it costs one every few hundred blocks.
-fn huge_pages(ptr: *mut u8, len: usize) {
-    #[cfg(target_os = "linux")]
-    {
-        let start = (ptr as usize).next_multiple_of(HUGE_PAGE);
-        let end = (ptr as usize + len) / HUGE_PAGE * HUGE_PAGE;
-        if end > start {
-            // SAFETY: the range lies inside an allocation we own and have not handed out; the
-            // advice changes how it is backed, not its contents (still zero).
-            unsafe {
-                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
-            }
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (ptr, len);
 }
 
 /// One sequence alone: a private pool with room for `capacity` positions, and how many are
