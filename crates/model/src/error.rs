@@ -44,6 +44,9 @@ pub enum ModelError {
 
     #[error("invalid batch: {0}")]
     BadBatch(String),
+
+    #[error("GPU: {0}")]
+    Device(String),
 }
 
 /// `1.5 GiB`, `640.0 MiB`.

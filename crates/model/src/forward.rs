@@ -44,10 +44,10 @@ pub struct SeqInput<'a> {
 /// The logits a pass produced, in batch order.
 #[derive(Default)]
 pub struct Logits {
-    n_vocab: usize,
-    data: Vec<f32>,
+    pub(crate) n_vocab: usize,
+    pub(crate) data: Vec<f32>,
     /// (sequence index in the batch, token index within that sequence) of each row.
-    rows: Vec<(usize, usize)>,
+    pub(crate) rows: Vec<(usize, usize)>,
 }
 
 impl std::fmt::Debug for Logits {
@@ -132,6 +132,14 @@ impl Scratch {
         }
     }
 
+    pub(crate) fn logits(&self) -> &Logits {
+        &self.logits
+    }
+
+    pub(crate) fn logits_mut(&mut self) -> &mut Logits {
+        &mut self.logits
+    }
+
     fn size_for(&mut self, c: &Config, n: usize, threads: usize) {
         if self.attn_scratch.n_threads() < threads {
             self.attn_scratch = PerThread::new(threads, AttnScratch::default);
@@ -179,7 +187,7 @@ impl Net<'_> {
         sc: &'s mut Scratch,
     ) -> Result<&'s Logits, ModelError> {
         let c = self.config;
-        let n = self.check_batch(kv, batch)?;
+        let n = check_batch(c, kv, batch)?;
         sc.size_for(c, n, self.pool.n_threads());
         sc.where_.clear();
         for (s, item) in batch.iter().enumerate() {
@@ -196,35 +204,6 @@ impl Net<'_> {
         }
         self.logits(batch, sc, n)?;
         Ok(&sc.logits)
-    }
-
-    fn check_batch(&self, kv: &KvPool, batch: &[SeqInput]) -> Result<usize, ModelError> {
-        let vocab = self.config.vocab_size;
-        let mut n = 0;
-        for item in batch {
-            if item.tokens.is_empty() {
-                return Err(ModelError::BadBatch("a sequence in the batch has no tokens".into()));
-            }
-            if let Some(&id) = item.tokens.iter().find(|&&id| id as usize >= vocab) {
-                return Err(ModelError::TokenOutOfRange { id, vocab });
-            }
-            let end = item.start + item.tokens.len();
-            if item.blocks.len() < end.div_ceil(BLOCK_TOKENS) {
-                return Err(ModelError::BadBatch(format!(
-                    "a block table of {} blocks does not reach position {}",
-                    item.blocks.len(),
-                    end - 1
-                )));
-            }
-            if let Some(&b) = item.blocks.iter().find(|&&b| b as usize >= kv.n_blocks()) {
-                return Err(ModelError::BadBatch(format!("block {b} is outside the pool of {}", kv.n_blocks())));
-            }
-            n += item.tokens.len();
-        }
-        if n == 0 {
-            return Err(ModelError::BadBatch("the batch is empty".into()));
-        }
-        Ok(n)
     }
 
     /// Look up each token's row of the embedding table, dequantizing just that row.
@@ -396,18 +375,8 @@ impl Net<'_> {
         let c = self.config;
         let mut rows = std::mem::take(&mut sc.logits.rows);
         rows.clear();
-        let mut wanted = Vec::new();
-        let mut t = 0;
-        for (s, item) in batch.iter().enumerate() {
-            let len = item.tokens.len();
-            match item.logits {
-                LogitsWanted::None => {}
-                LogitsWanted::Last => wanted.push((s, len - 1, t + len - 1)),
-                LogitsWanted::All => wanted.extend((0..len).map(|i| (s, i, t + i))),
-            }
-            t += len;
-        }
-        debug_assert_eq!(t, n);
+        let wanted = wanted_rows(batch);
+        debug_assert!(wanted.iter().all(|w| w.2 < n));
         let out_w = self.mat(self.weights.output());
         let m = wanted.len();
         rows.extend(wanted.iter().map(|&(s, i, _)| (s, i)));
@@ -431,4 +400,50 @@ impl Net<'_> {
 
 fn add_into(x: &mut [f32], y: &[f32]) {
     x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+}
+
+/// Check a batch against the model and the pool; returns its number of tokens.
+pub(crate) fn check_batch(config: &Config, kv: &KvPool, batch: &[SeqInput]) -> Result<usize, ModelError> {
+    let vocab = config.vocab_size;
+    let mut n = 0;
+    for item in batch {
+        if item.tokens.is_empty() {
+            return Err(ModelError::BadBatch("a sequence in the batch has no tokens".into()));
+        }
+        if let Some(&id) = item.tokens.iter().find(|&&id| id as usize >= vocab) {
+            return Err(ModelError::TokenOutOfRange { id, vocab });
+        }
+        let end = item.start + item.tokens.len();
+        if item.blocks.len() < end.div_ceil(BLOCK_TOKENS) {
+            return Err(ModelError::BadBatch(format!(
+                "a block table of {} blocks does not reach position {}",
+                item.blocks.len(),
+                end - 1
+            )));
+        }
+        if let Some(&b) = item.blocks.iter().find(|&&b| b as usize >= kv.n_blocks()) {
+            return Err(ModelError::BadBatch(format!("block {b} is outside the pool of {}", kv.n_blocks())));
+        }
+        n += item.tokens.len();
+    }
+    if n == 0 {
+        return Err(ModelError::BadBatch("the batch is empty".into()));
+    }
+    Ok(n)
+}
+
+/// The rows a batch wants logits for: (sequence, token within it, token within the batch).
+pub(crate) fn wanted_rows(batch: &[SeqInput]) -> Vec<(usize, usize, usize)> {
+    let mut wanted = Vec::new();
+    let mut t = 0;
+    for (s, item) in batch.iter().enumerate() {
+        let len = item.tokens.len();
+        match item.logits {
+            LogitsWanted::None => {}
+            LogitsWanted::Last => wanted.push((s, len - 1, t + len - 1)),
+            LogitsWanted::All => wanted.extend((0..len).map(|i| (s, i, t + i))),
+        }
+        t += len;
+    }
+    wanted
 }

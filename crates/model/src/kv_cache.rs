@@ -116,8 +116,7 @@ const Q8_BLOCK_BYTES: usize = std::mem::size_of::<BlockQ8_0>();
 /// aligned to and advised for 2 MiB pages, so that pages touched for the first time while
 /// sequences decode cost one fault per 2 MiB rather than one per 4 KiB.
 pub struct KvPool {
-    /// Zeroed, 2 MiB aligned, in huge pages, untouched until written.
-    buf: Arena,
+    buf: Storage,
     /// Bytes of one layer's keys, and of its values.
     k_bytes: usize,
     v_bytes: usize,
@@ -126,6 +125,23 @@ pub struct KvPool {
     head_dim: usize,
     value_dim: usize,
     kv_type: KvType,
+}
+
+/// Where a pool's bytes live.
+pub(crate) enum Storage {
+    /// Zeroed, 2 MiB aligned, in huge pages, untouched until written.
+    Host(Arena),
+    /// On the GPU the model runs on.
+    Device(onebit_cuda::Buf<u8>),
+}
+
+impl Storage {
+    fn len(&self) -> usize {
+        match self {
+            Storage::Host(a) => a.len(),
+            Storage::Device(b) => b.len(),
+        }
+    }
 }
 
 impl std::fmt::Debug for KvPool {
@@ -144,6 +160,16 @@ impl KvPool {
     /// A pool of `n_blocks` blocks. The memory is reserved, not touched: it becomes resident
     /// as blocks are written. Fails (rather than aborting) when it cannot be reserved.
     pub fn new(config: &Config, n_blocks: usize, kv_type: KvType) -> Result<KvPool, ModelError> {
+        KvPool::new_on(config, n_blocks, kv_type, None)
+    }
+
+    /// A pool in host memory, or (with `gpu`) in that device's memory.
+    pub(crate) fn new_on(
+        config: &Config,
+        n_blocks: usize,
+        kv_type: KvType,
+        gpu: Option<&onebit_cuda::Gpu>,
+    ) -> Result<KvPool, ModelError> {
         kv_type.check(config)?;
         let too_big = || ModelError::OutOfMemory {
             what: format!("a KV cache of {n_blocks} blocks of {BLOCK_TOKENS} positions"),
@@ -154,7 +180,15 @@ impl KvPool {
         };
         let (k_bytes, v_bytes) = (layer(config.head_dim)?, layer(config.value_dim)?);
         let total = (k_bytes + v_bytes).checked_mul(config.n_layers).ok_or_else(too_big)?;
-        let buf = Arena::try_zeroed(total).ok_or_else(too_big)?;
+        let buf = match gpu {
+            None => Storage::Host(Arena::try_zeroed(total).ok_or_else(too_big)?),
+            Some(gpu) => {
+                if kv_type == KvType::Q8_0 {
+                    return Err(ModelError::Unsupported("a q8_0 KV cache on the GPU (use f16 or f32)".into()));
+                }
+                Storage::Device(gpu.zeros::<u8>(total).map_err(|_| too_big())?)
+            }
+        };
         Ok(KvPool {
             buf,
             k_bytes,
@@ -180,6 +214,27 @@ impl KvPool {
         self.buf.len()
     }
 
+    /// Whether the pool lives in a GPU's memory.
+    pub fn on_device(&self) -> bool {
+        matches!(self.buf, Storage::Device(_))
+    }
+
+    /// The host bytes: only the CPU forward pass reaches here, and it refuses device pools.
+    fn host(&self) -> &Arena {
+        match &self.buf {
+            Storage::Host(a) => a,
+            Storage::Device(_) => panic!("host access to a KV pool on the GPU"),
+        }
+    }
+
+    /// Device addresses of layer `layer`'s keys and values (device pools only).
+    pub(crate) fn device_layer(&self, layer: usize) -> Option<(onebit_cuda::DevPtr, onebit_cuda::DevPtr)> {
+        match &self.buf {
+            Storage::Device(b) => Some((b.at(self.layer_at(layer, false)), b.at(self.layer_at(layer, true)))),
+            Storage::Host(_) => None,
+        }
+    }
+
     /// Byte offset of layer `layer`'s keys (or values).
     fn layer_at(&self, layer: usize, values: bool) -> usize {
         layer * (self.k_bytes + self.v_bytes) + if values { self.k_bytes } else { 0 }
@@ -193,8 +248,9 @@ impl KvPool {
     /// `n` values from value offset `at` of the store starting at byte `base`.
     fn view(&self, base: usize, at: usize, n: usize) -> KvRow<'_> {
         let (start, len) = (base + self.kv_type.bytes(at), self.kv_type.bytes(n));
-        assert!(start + len <= self.buf.len(), "a KV row past the end of the pool");
-        let bytes = &self.buf.bytes()[start..start + len];
+        let host = self.host();
+        assert!(start + len <= host.len(), "a KV row past the end of the pool");
+        let bytes = &host.bytes()[start..start + len];
         match self.kv_type {
             KvType::F16 => KvRow::F16(bytemuck::cast_slice(bytes)),
             KvType::F32 => KvRow::F32(bytemuck::cast_slice(bytes)),
@@ -203,8 +259,11 @@ impl KvPool {
     }
 
     /// Every layer's key and value bytes at position `pos` of the sequence whose block table is
-    /// `blocks`, as stored (for comparing caches bit for bit).
+    /// `blocks`, as stored (for comparing caches bit for bit). Empty for a pool on a GPU.
     pub fn position_bytes(&self, blocks: &[u32], pos: usize) -> Vec<u8> {
+        if self.on_device() {
+            return Vec::new();
+        }
         let (block, slot) = (blocks[pos / BLOCK_TOKENS] as usize, pos % BLOCK_TOKENS);
         let n_layers = self.buf.len().checked_div(self.k_bytes + self.v_bytes).unwrap_or(0);
         let mut out = Vec::new();
@@ -228,7 +287,8 @@ impl KvPool {
     pub(crate) fn writer(&mut self, layer: usize) -> KvWriter<'_> {
         let (ko, k_bytes, v_bytes) = (self.layer_at(layer, false), self.k_bytes, self.v_bytes);
         let (n_kv_heads, head_dim, value_dim, kv_type) = (self.n_kv_heads, self.head_dim, self.value_dim, self.kv_type);
-        let (keys, values) = self.buf.bytes_mut()[ko..ko + k_bytes + v_bytes].split_at_mut(k_bytes);
+        let Storage::Host(host) = &mut self.buf else { panic!("host access to a KV pool on the GPU") };
+        let (keys, values) = host.bytes_mut()[ko..ko + k_bytes + v_bytes].split_at_mut(k_bytes);
         // A layer's keys (values) are rows of `head_dim` (`value_dim`) values, one per
         // (block, head, slot): row `offset(block, head, slot, width) / width`.
         KvWriter {
@@ -331,9 +391,14 @@ impl std::fmt::Debug for KvCache {
 impl KvCache {
     /// A cache for `config`'s model holding up to `capacity` positions.
     pub fn new(config: &Config, capacity: usize, kv_type: KvType) -> Result<KvCache, ModelError> {
-        let n_blocks = capacity.div_ceil(BLOCK_TOKENS);
-        let pool = KvPool::new(config, n_blocks, kv_type)?;
-        Ok(KvCache { pool, blocks: (0..n_blocks as u32).collect(), capacity, len: 0 })
+        let pool = KvPool::new(config, capacity.div_ceil(BLOCK_TOKENS), kv_type)?;
+        Ok(KvCache::with_pool(pool, capacity))
+    }
+
+    /// A cache over all of `pool` (which must hold `capacity` positions).
+    pub(crate) fn with_pool(pool: KvPool, capacity: usize) -> KvCache {
+        debug_assert!(pool.n_blocks() * BLOCK_TOKENS >= capacity);
+        KvCache { blocks: (0..pool.n_blocks() as u32).collect(), pool, capacity, len: 0 }
     }
 
     /// Positions filled so far (the next token goes at this position).

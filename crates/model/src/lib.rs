@@ -21,6 +21,7 @@
 
 mod attention;
 pub mod config;
+mod cuda;
 mod error;
 pub mod forward;
 pub mod kv_cache;
@@ -36,10 +37,49 @@ pub use config::{Arch, Config};
 pub use error::{ModelError, human_bytes};
 pub use forward::{Logits, LogitsWanted, Scratch, SeqInput};
 pub use kv_cache::{BLOCK_TOKENS, KvCache, KvPool, KvType};
+pub use onebit_cuda::CudaError;
+
+/// Where a model runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Device {
+    /// The host's cores, through the kernel tiers of `onebit_kernels`.
+    #[default]
+    Cpu,
+    /// An NVIDIA GPU, by ordinal (`cuda:0`).
+    Cuda(usize),
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Device, String> {
+        let s = s.trim().to_ascii_lowercase();
+        match s.as_str() {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" | "gpu" => Ok(Device::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Device::Cuda)
+                .ok_or_else(|| format!("unknown device '{s}' (known: cpu, cuda, cuda:N)")),
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
 
 /// How to load and run a model.
 #[derive(Clone, Debug, Default)]
 pub struct ModelOptions {
+    /// Where the weights live and the forward pass runs.
+    pub device: Device,
     /// Force a kernel tier instead of the best one available.
     pub kernel_tier: Option<KernelTier>,
     /// How sequences' caches store keys and values.
@@ -54,6 +94,8 @@ pub struct ModelOptions {
 pub struct Model {
     // Field order matters: `weights` borrows from `file` and must drop first.
     weights: weights::Weights,
+    /// The weights on a GPU, when the model runs there.
+    cuda: Option<cuda::CudaNet>,
     config: Config,
     kernels: Kernels,
     kv_type: KvType,
@@ -83,9 +125,18 @@ impl Model {
         let mut config = Config::from_metadata(&file.metadata())?;
         options.kv_type.check(&config)?;
         let mut weights = weights::Weights::load(&file, &mut config, kernels)?;
-        let threads = options.threads.filter(|&t| t > 0).unwrap_or_else(Pool::default_threads);
-        weights.pack(kernels, &Pool::new(threads));
-        Ok(Model { weights, config, kernels, kv_type: options.kv_type, file })
+        let cuda = match options.device {
+            Device::Cpu => {
+                let threads = options.threads.filter(|&t| t > 0).unwrap_or_else(Pool::default_threads);
+                weights.pack(kernels, &Pool::new(threads));
+                None
+            }
+            Device::Cuda(ordinal) => {
+                let gpu = std::sync::Arc::new(onebit_cuda::Gpu::open(ordinal)?);
+                Some(cuda::CudaNet::upload(gpu, &config, &weights)?)
+            }
+        };
+        Ok(Model { weights, cuda, config, kernels, kv_type: options.kv_type, file })
     }
 
     pub fn config(&self) -> &Config {
@@ -95,6 +146,16 @@ impl Model {
     /// The GGUF file(s) the model was loaded from (metadata, tokenizer, tensors).
     pub fn gguf(&self) -> &GgufModel {
         &self.file
+    }
+
+    /// Where the model runs.
+    pub fn device(&self) -> Device {
+        self.cuda.as_ref().map_or(Device::Cpu, |c| Device::Cuda(c.gpu().ordinal()))
+    }
+
+    /// The GPU's name, when the model runs on one.
+    pub fn device_name(&self) -> Option<String> {
+        self.cuda.as_ref().map(|c| c.gpu().name().to_string())
     }
 
     pub fn kernels(&self) -> Kernels {
@@ -109,12 +170,13 @@ impl Model {
     /// A cache for one sequence of up to `capacity` positions (0: the model's trained context).
     pub fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
         let capacity = if capacity == 0 { self.config.context_length } else { capacity };
-        KvCache::new(&self.config, capacity, self.kv_type)
+        let pool = self.new_pool(capacity.div_ceil(BLOCK_TOKENS))?;
+        Ok(KvCache::with_pool(pool, capacity))
     }
 
     /// A pool of `n_blocks` blocks for many sequences (see [`KvPool`]).
     pub fn new_pool(&self, n_blocks: usize) -> Result<KvPool, ModelError> {
-        KvPool::new(&self.config, n_blocks, self.kv_type)
+        KvPool::new_on(&self.config, n_blocks, self.kv_type, self.cuda.as_ref().map(|c| &**c.gpu()))
     }
 
     /// Run a batch on `pool`'s threads: write each sequence's new keys and values into `kv`
@@ -132,6 +194,13 @@ impl Model {
                 kv.kv_type(),
                 self.kv_type
             )));
+        }
+        if let Some(gpu) = &self.cuda {
+            gpu.forward(&self.config, kv, batch, scratch.logits_mut())?;
+            return Ok(scratch.logits());
+        }
+        if kv.on_device() {
+            return Err(ModelError::BadBatch("a KV pool on the GPU for a model on the CPU".into()));
         }
         let net = forward::Net { config: &self.config, weights: &self.weights, kernels: self.kernels, pool };
         net.forward(kv, batch, scratch)

@@ -28,6 +28,15 @@ impl RopeAngles {
         }
     }
 
+    /// The cosines of the rotated pairs' angles (for kernels that rotate elsewhere).
+    pub fn cos(&self) -> &[f32] {
+        &self.cos
+    }
+
+    pub fn sin(&self) -> &[f32] {
+        &self.sin
+    }
+
     /// Rotate one head vector in place.
     pub fn apply(&self, rope: &RopeConfig, x: &mut [f32]) {
         let half = rope.dims / 2;

@@ -3,7 +3,7 @@
 
 use onebit_gguf::{GgmlType, GgufFile, GgufModel, GgufWriter, OwnedValue};
 use onebit_kernels::Pool;
-use onebit_model::{Arch, LogitsWanted, Model, ModelError, ModelOptions, Scratch};
+use onebit_model::{Arch, Device, LogitsWanted, Model, ModelError, ModelOptions, Scratch};
 
 struct Spec {
     arch: &'static str,
@@ -31,6 +31,14 @@ fn floats(n: usize, seed: u32) -> Vec<u8> {
 
 /// A writer holding a complete model of `spec`; tests then break one thing.
 fn build(spec: &Spec, extra: impl FnOnce(&mut GgufWriter<'static>)) -> Result<Model, ModelError> {
+    build_with(spec, extra, &ModelOptions::default())
+}
+
+fn build_with(
+    spec: &Spec,
+    extra: impl FnOnce(&mut GgufWriter<'static>),
+    options: &ModelOptions,
+) -> Result<Model, ModelError> {
     let mut w = GgufWriter::new();
     let a = spec.arch;
     w.set("general.architecture", OwnedValue::string(a));
@@ -61,7 +69,7 @@ fn build(spec: &Spec, extra: impl FnOnce(&mut GgufWriter<'static>)) -> Result<Mo
     t("blk.0.ffn_down.weight", &[spec.ffn as u64, h], 11);
     extra(&mut w);
     let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
-    Model::from_gguf(GgufModel::from_file(file), &ModelOptions::default())
+    Model::from_gguf(GgufModel::from_file(file), options)
 }
 
 #[test]
@@ -176,4 +184,19 @@ fn bad_hyperparameters_are_refused() {
     .unwrap()
     .to_string();
     assert!(e.contains("llama.block_count") && e.contains("positive"), "{e}");
+}
+
+#[test]
+fn devices_parse_and_a_missing_gpu_is_a_clear_error() {
+    assert_eq!("cpu".parse::<Device>(), Ok(Device::Cpu));
+    assert_eq!("cuda".parse::<Device>(), Ok(Device::Cuda(0)));
+    assert_eq!("CUDA:1".parse::<Device>(), Ok(Device::Cuda(1)));
+    assert!("tpu".parse::<Device>().unwrap_err().contains("cpu, cuda, cuda:N"));
+    // Device 99 exists nowhere: the error names what is missing (driver, NVRTC or device).
+    let options = ModelOptions { device: Device::Cuda(99), ..ModelOptions::default() };
+    let e = build_with(&TINY, |_| {}, &options).err().expect("no device 99").to_string();
+    assert!(e.contains("CUDA") || e.contains("NVRTC") || e.contains("cuda"), "{e}");
+    // The default is the CPU.
+    let cpu = build(&TINY, |_| {}).unwrap();
+    assert_eq!(cpu.device(), Device::Cpu);
 }

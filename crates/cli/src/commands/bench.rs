@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::{Result, bail};
 use onebit_kernels::{BatchRounding, KernelTier, Pool};
-use onebit_model::{KvCache, KvType, LogitsWanted, Model, ModelOptions, Scratch};
+use onebit_model::{Device, KvCache, KvType, LogitsWanted, Model, ModelOptions, Scratch};
 use serde_json::json;
 
 #[derive(clap::Args)]
@@ -42,6 +42,9 @@ pub struct Args {
     /// Activation rounding: fast or reference (see `onebit run --help`).
     #[arg(long, default_value = "fast", value_name = "MODE")]
     pub batch_rounding: BatchRounding,
+    /// Where to run: cpu, or cuda:N for an NVIDIA GPU.
+    #[arg(long, default_value = "cpu", value_name = "DEVICE")]
+    pub device: Device,
     /// Print the rows as a JSON array.
     #[arg(long)]
     pub json: bool,
@@ -93,12 +96,16 @@ pub fn run(args: Args) -> Result<()> {
     let path = super::resolve::model_path(Some(&args.model), &super::ui::Ui::new(args.json))?;
     for &t in &threads {
         let options = ModelOptions {
+            device: args.device,
             kernel_tier: args.kernel_tier,
             kv_type: args.kv_type,
             batch_rounding: args.batch_rounding,
             threads: Some(t),
         };
         let model = Model::load(&path, &options)?;
+        if let (Some(gpu), false) = (model.device_name(), args.json) {
+            println!("gpu: {gpu} ({})", model.device());
+        }
         let pool = Pool::new(if t == 0 { Pool::default_threads() } else { t });
         let (size, params) = weight_totals(&model);
         let name = model_name(&model, params);
@@ -125,7 +132,10 @@ pub fn run(args: Args) -> Result<()> {
                         row.model,
                         format!("{:.2} GiB", row.size as f64 / (1u64 << 30) as f64),
                         format!("{:.2} B", row.params as f64 / 1e9),
-                        format!("CPU/{}", model.kernels().tier()),
+                        match model.device() {
+                            Device::Cpu => format!("CPU/{}", model.kernels().tier()),
+                            Device::Cuda(_) => "CUDA".to_string(),
+                        },
                         row.threads,
                         row.test,
                         format!("{:.2} ± {:.2}", row.mean(), row.std())

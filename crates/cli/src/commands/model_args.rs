@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use onebit_engine::{Engine, Scheduler, SchedulerConfig, SpecMode, Speculation};
 use onebit_kernels::{BatchRounding, KernelTier, Pool};
-use onebit_model::{KvType, Model, ModelOptions};
+use onebit_model::{Device, KvType, Model, ModelOptions};
 
 use super::resolve;
 use super::ui::Ui;
@@ -40,11 +40,15 @@ pub struct ModelArgs {
     /// result does not depend on what else is in the batch.
     #[arg(long, default_value = "fast", value_name = "MODE")]
     pub batch_rounding: BatchRounding,
+    /// Where the model runs: cpu, or cuda:N for an NVIDIA GPU (needs its driver and NVRTC).
+    #[arg(long, default_value = "cpu", value_name = "DEVICE")]
+    pub device: Device,
 }
 
 impl ModelArgs {
     pub fn options(&self) -> ModelOptions {
         ModelOptions {
+            device: self.device,
             kernel_tier: self.kernel_tier,
             kv_type: self.kv_type,
             batch_rounding: self.batch_rounding,
