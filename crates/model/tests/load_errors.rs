@@ -194,7 +194,7 @@ fn devices_parse_and_a_missing_gpu_is_a_clear_error() {
     assert!("tpu".parse::<Device>().unwrap_err().contains("cpu, cuda, cuda:N"));
     // Device 99 exists nowhere: the error names what is missing (driver, NVRTC or device).
     let options = ModelOptions { device: Device::Cuda(99), ..ModelOptions::default() };
-    let e = build_with(&TINY, |_| {}, &options).err().expect("no device 99").to_string();
+    let e = build_with(&TINY, |_| {}, &options).unwrap_err().to_string();
     assert!(e.contains("CUDA") || e.contains("NVRTC") || e.contains("cuda"), "{e}");
     // The default is the CPU.
     let cpu = build(&TINY, |_| {}).unwrap();
