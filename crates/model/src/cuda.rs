@@ -1,6 +1,7 @@
-//! The forward pass on an NVIDIA GPU: the same recipe as [`crate::forward`] (embed; per layer
-//! norm, q/k/v, RoPE, attention over the paged cache, output projection, norm, SwiGLU MLP;
-//! final norm and logits), each step one kernel launch over the whole batch.
+//! The forward pass on an NVIDIA GPU: the blocks of [`crate::forward`]'s recipe
+//! ([`run_blocks`]: embed; per layer norm, q/k/v, RoPE, attention over the paged cache, output
+//! projection, norm, SwiGLU MLP; final norm and logits), each a few kernel launches over the
+//! whole batch.
 //!
 //! Weights are uploaded once, in their GGUF bytes; activations stay f32 on the device. The
 //! host only builds the step's small tables (token ids, cache slots, block tables, RoPE
@@ -14,7 +15,7 @@ use onebit_gguf::GgmlType;
 
 use crate::config::{Config, RopeStyle};
 use crate::error::ModelError;
-use crate::forward::{Logits, SeqInput, check_batch, wanted_rows};
+use crate::forward::{Blocks, Logits, SeqInput, check_batch, run_blocks, wanted_rows};
 use crate::kv_cache::{BLOCK_TOKENS, KvPool, KvType};
 use crate::rope::RopeAngles;
 use crate::weights::{Layer, Weight, Weights};
@@ -238,8 +239,11 @@ impl CudaNet {
         // weights and the pool outlive the stream's work, which is waited for (reading the
         // logits back, or synchronizing) before returning.
         let split = attention_split(c, batch, n, b.part.ptr());
-        // SAFETY: see above.
-        let run = || unsafe { self.launch_step(c, b, &tables, &layers, elem, n, m, split) };
+        let run = || {
+            // SAFETY: see above.
+            let mut step = unsafe { GpuStep::new(self, c, b, &tables, &layers, (elem, split), (n, m)) };
+            run_blocks(&mut step, self.layers.len())
+        };
         if n <= GRAPH_TOKENS {
             let (splits, chunk) = split.map_or((1, 0), |s| (s.splits, s.chunk));
             // The pool's address and size fix every layer's cache address the graph records
@@ -265,41 +269,6 @@ impl CudaNet {
             self.gpu.synchronize()?;
         } else {
             self.gpu.read(&b.logits, &mut logits.data)?;
-        }
-        Ok(())
-    }
-
-    /// Every launch of one step, in order.
-    ///
-    /// # Safety
-    /// As [`CudaNet::forward`] says: `b` sized for `n` tokens and `m` logit rows, its tables
-    /// uploaded, `layers` the pool's layers.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn launch_step(
-        &self,
-        c: &Config,
-        b: &Bufs,
-        t: &Tables,
-        layers: &[(DevPtr, DevPtr)],
-        elem: KvElem,
-        n: usize,
-        m: usize,
-        split: Option<AttnSplit>,
-    ) -> Result<(), ModelError> {
-        let g = &self.gpu;
-        // SAFETY: the caller's guarantees cover every buffer these launches touch.
-        unsafe {
-            g.dequant_rows(self.embedding.ty, self.embedding.buf.ptr(), c.hidden, b.ints.ptr(), n, b.x.ptr())?;
-            for (layer, &cache) in self.layers.iter().zip(layers) {
-                self.attention_block(c, layer, b, t, (cache, elem, split), n)?;
-                self.mlp_block(c, layer, b, n)?;
-            }
-            if m > 0 {
-                let out = self.output.as_ref().unwrap_or(&self.embedding);
-                let rows = b.ints.at(t.logit_rows);
-                let input = self.input(b, b.x.ptr(), Some(&self.output_norm), rows, m, c.hidden, &[out])?;
-                self.product(b, out, &input, m, b.logits.ptr(), out.rows, false)?;
-            }
         }
         Ok(())
     }
@@ -369,7 +338,7 @@ impl CudaNet {
     }
 
     /// # Safety
-    /// As [`CudaNet::launch_step`]: `b` sized for `n` tokens, `cache` this layer's.
+    /// As [`GpuStep::new`]: `b` sized for `n` tokens, `cache` this layer's.
     #[allow(clippy::too_many_arguments)]
     unsafe fn attention_block(
         &self,
@@ -429,7 +398,7 @@ impl CudaNet {
     }
 
     /// # Safety
-    /// As [`CudaNet::launch_step`]: `b` sized for `n` tokens.
+    /// As [`GpuStep::new`]: `b` sized for `n` tokens.
     unsafe fn mlp_block(&self, c: &Config, l: &GpuLayer, b: &Bufs, n: usize) -> Result<(), ModelError> {
         let g = &self.gpu;
         let (gate, up, down) = (&l.w_gate, &l.w_up, &l.w_down);
@@ -501,6 +470,72 @@ impl CudaNet {
         });
         (sc.tokens, sc.logit_rows) = (n, m);
         Ok(())
+    }
+}
+
+/// One pass on the GPU over a batch, as [`Blocks`]: each block is its launches.
+struct GpuStep<'a> {
+    net: &'a CudaNet,
+    c: &'a Config,
+    b: &'a Bufs,
+    t: &'a Tables,
+    layers: &'a [(DevPtr, DevPtr)],
+    elem: KvElem,
+    split: Option<AttnSplit>,
+    n: usize,
+    m: usize,
+}
+
+impl<'a> GpuStep<'a> {
+    /// # Safety
+    /// `b` sized for `n` tokens and `m` logit rows of `c`'s model, its tables `t` uploaded and
+    /// checked, `layers` every layer's keys and values in a live device pool of `elem`, and
+    /// all of it alive until the stream has run what the step launches.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn new(
+        net: &'a CudaNet,
+        c: &'a Config,
+        b: &'a Bufs,
+        t: &'a Tables,
+        layers: &'a [(DevPtr, DevPtr)],
+        (elem, split): (KvElem, Option<AttnSplit>),
+        (n, m): (usize, usize),
+    ) -> GpuStep<'a> {
+        GpuStep { net, c, b, t, layers, elem, split, n, m }
+    }
+}
+
+impl Blocks for GpuStep<'_> {
+    fn embed(&mut self) -> Result<(), ModelError> {
+        let (e, b) = (&self.net.embedding, self.b);
+        // SAFETY: `GpuStep::new`'s contract: the ids and `x` hold `n` tokens.
+        unsafe { self.net.gpu.dequant_rows(e.ty, e.buf.ptr(), self.c.hidden, b.ints.ptr(), self.n, b.x.ptr())? };
+        Ok(())
+    }
+
+    fn attention(&mut self, layer: usize) -> Result<(), ModelError> {
+        let cache = (self.layers[layer], self.elem, self.split);
+        // SAFETY: `GpuStep::new`'s contract.
+        unsafe { self.net.attention_block(self.c, &self.net.layers[layer], self.b, self.t, cache, self.n) }
+    }
+
+    fn mlp(&mut self, layer: usize) -> Result<(), ModelError> {
+        // SAFETY: `GpuStep::new`'s contract.
+        unsafe { self.net.mlp_block(self.c, &self.net.layers[layer], self.b, self.n) }
+    }
+
+    fn logits(&mut self) -> Result<(), ModelError> {
+        let (net, b, m) = (self.net, self.b, self.m);
+        if m == 0 {
+            return Ok(());
+        }
+        let out = net.output.as_ref().unwrap_or(&net.embedding);
+        let rows = b.ints.at(self.t.logit_rows);
+        // SAFETY: `GpuStep::new`'s contract: the logit rows' table and buffers hold `m` rows.
+        unsafe {
+            let input = net.input(b, b.x.ptr(), Some(&net.output_norm), rows, m, self.c.hidden, &[out])?;
+            net.product(b, out, &input, m, b.logits.ptr(), out.rows, false)
+        }
     }
 }
 

@@ -179,6 +179,60 @@ struct TokenQkv<'a> {
 /// Per sequence of a batch: its block table (borrowed from the batch).
 type Tables<'a> = Vec<&'a [u32]>;
 
+/// The blocks a forward pass is made of, each run by one device over the whole batch; the
+/// recipe that strings them together ([`run_blocks`]) is the same for every device (the CPU's
+/// [`Net`], the GPU's `cuda::CudaNet`).
+pub(crate) trait Blocks {
+    /// Each token's row of the embedding table into the residual stream.
+    fn embed(&mut self) -> Result<(), ModelError>;
+    /// Norm, q/k/v, biases, q/k norms and RoPE, the cache write, attention, the output
+    /// projection, added to the residual stream.
+    fn attention(&mut self, layer: usize) -> Result<(), ModelError>;
+    /// Norm, gate and up, SwiGLU, down, added to the residual stream.
+    fn mlp(&mut self, layer: usize) -> Result<(), ModelError>;
+    /// Final norm and output projection of the rows that want logits.
+    fn logits(&mut self) -> Result<(), ModelError>;
+}
+
+/// The forward pass: embed; per layer attention, then MLP; logits.
+pub(crate) fn run_blocks(blocks: &mut impl Blocks, n_layers: usize) -> Result<(), ModelError> {
+    blocks.embed()?;
+    for layer in 0..n_layers {
+        blocks.attention(layer)?;
+        blocks.mlp(layer)?;
+    }
+    blocks.logits()
+}
+
+/// One pass of [`Net`] over a batch, as [`Blocks`].
+struct CpuStep<'a, 'b> {
+    net: &'a Net<'a>,
+    kv: &'a mut KvPool,
+    batch: &'a [SeqInput<'b>],
+    tables: Tables<'a>,
+    sc: &'a mut Scratch,
+    n: usize,
+}
+
+impl Blocks for CpuStep<'_, '_> {
+    fn embed(&mut self) -> Result<(), ModelError> {
+        self.net.embed(self.batch, &mut self.sc.x)
+    }
+
+    fn attention(&mut self, layer: usize) -> Result<(), ModelError> {
+        let w = &self.net.weights.layers[layer];
+        self.net.attention_block(layer, w, self.kv, &self.tables, self.sc, self.n)
+    }
+
+    fn mlp(&mut self, layer: usize) -> Result<(), ModelError> {
+        self.net.mlp_block(&self.net.weights.layers[layer], self.sc, self.n)
+    }
+
+    fn logits(&mut self) -> Result<(), ModelError> {
+        self.net.logits(self.batch, self.sc, self.n)
+    }
+}
+
 impl Net<'_> {
     pub fn forward<'s>(
         &self,
@@ -196,13 +250,9 @@ impl Net<'_> {
         for (t, &(_, pos)) in sc.where_.iter().enumerate() {
             sc.rope[t].set(&c.rope, self.weights.rope_freqs.as_deref(), pos);
         }
-        self.embed(batch, &mut sc.x)?;
         let tables: Tables = batch.iter().map(|item| item.blocks).collect();
-        for (l, layer) in self.weights.layers.iter().enumerate() {
-            self.attention_block(l, layer, kv, &tables, sc, n)?;
-            self.mlp_block(layer, sc, n)?;
-        }
-        self.logits(batch, sc, n)?;
+        let mut step = CpuStep { net: self, kv, batch, tables, sc: &mut *sc, n };
+        run_blocks(&mut step, self.weights.layers.len())?;
         Ok(&sc.logits)
     }
 
