@@ -26,7 +26,8 @@ impl From<onebit_cuda::CudaError> for ModelError {
     }
 }
 
-/// A matrix in device memory, in its file format.
+/// A matrix in device memory: in its file format, except Q1_0 in the split layout of
+/// `onebit_cuda::q1_split`.
 struct Mat {
     ty: GgmlType,
     rows: usize,
