@@ -39,6 +39,8 @@ enum Command {
     Serve(commands::serve::Args),
     /// Measure many sequences served at once through the engine, llama-batched-bench style.
     BatchedBench(commands::batched_bench::Args),
+    /// Perplexity of a text, and KL divergence from a base model, llama-perplexity style.
+    Perplexity(commands::perplexity::Args),
 }
 
 fn main() -> ExitCode {
@@ -87,6 +89,7 @@ fn main() -> ExitCode {
         Command::Template(args) => ok(commands::template::run(args)),
         Command::Bench(args) => ok(commands::bench::run(args)),
         Command::BatchedBench(args) => ok(commands::batched_bench::run(args)),
+        Command::Perplexity(args) => ok(commands::perplexity::run(args)),
         Command::Serve(args) => commands::serve::run(args),
     };
     match result {
