@@ -34,9 +34,9 @@ pub(crate) struct MoeScratch {
     sum: Vec<f32>,
 }
 
-/// Llama.cpp's floor on the sum of the chosen probabilities (the smallest normal f16), which
-/// keeps the division finite.
-const MIN_WEIGHT_SUM: f32 = 6.103515625e-5;
+/// Llama.cpp's floor on the sum of the chosen probabilities (2⁻¹⁴, the smallest normal f16),
+/// which keeps the division finite.
+const MIN_WEIGHT_SUM: f32 = 1.0 / 16384.0;
 
 /// Fill `picks` with the `picks.len()` largest of the probabilities `p` (the lower index first
 /// among equals), each with its probability over the sum of those chosen.

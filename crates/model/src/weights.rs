@@ -70,6 +70,8 @@ pub(crate) struct Layer {
 }
 
 /// A layer's MLP: one gated MLP, or a router over experts.
+// One per layer: the size of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Ffn {
     Dense { gate: Weight, up: Weight, down: Weight },
     Moe(Experts),

@@ -13,7 +13,8 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use onebit_kernels::{KernelTier, Pool};
+use onebit_gguf::GgmlType;
+use onebit_kernels::{BatchRounding, KernelTier, Pool};
 use onebit_model::{BLOCK_TOKENS, LogitsWanted, Model, ModelOptions, Scratch, SeqInput};
 use serde_json::Value;
 
@@ -212,12 +213,21 @@ fn check_model(name: &str) {
     };
     let Some(path) = shared_model(name) else { return };
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let has_q1 = onebit_gguf::GgufModel::open(&path).unwrap().tensors().any(|t| t.ggml_type() == GgmlType::Q1_0);
     for tier in KernelTier::available() {
-        let options = ModelOptions { kernel_tier: Some(tier), ..ModelOptions::default() };
-        let model = Model::load(&path, &options).unwrap();
-        let label = format!("{name} [{tier}]");
-        check_on(&fx, &model, &label);
-        check_together(&fx, &model, &label);
+        // AVX-512 and AMX may round Q1_0 products' activations more coarsely (`Fast`): both ways.
+        let roundings: &[BatchRounding] = if has_q1 && matches!(tier, KernelTier::Avx512 | KernelTier::Amx) {
+            &[BatchRounding::Fast, BatchRounding::Reference]
+        } else {
+            &[BatchRounding::Fast]
+        };
+        for &batch_rounding in roundings {
+            let options = ModelOptions { kernel_tier: Some(tier), batch_rounding, ..ModelOptions::default() };
+            let model = Model::load(&path, &options).unwrap();
+            let label = format!("{name} [{tier}, {batch_rounding}]");
+            check_on(&fx, &model, &label);
+            check_together(&fx, &model, &label);
+        }
     }
 }
 
