@@ -136,7 +136,7 @@ mod tests {
         assert_eq!(picks[0].0, 1);
         assert_eq!(picks[1].0, 3);
         assert!((picks[0].1 - 0.4 / 0.7).abs() < 1e-6 && (picks[1].1 - 0.3 / 0.7).abs() < 1e-6);
-        assert_eq!(picks[0].1 + picks[1].1, 1.0);
+        assert!((picks[0].1 + picks[1].1 - 1.0).abs() < 1e-6);
     }
 
     #[test]
