@@ -1,8 +1,8 @@
 //! Hyperparameters of a Llama-family model, read from GGUF metadata only.
 //!
 //! The architectures differ in data, not code: which RoPE layout they use, whether q/k/v carry
-//! biases, whether q and k are RMS-normed per head. Those are flags here; the forward pass
-//! reads them.
+//! biases, whether q and k are RMS-normed per head, whether the MLP is a mixture of experts
+//! (and its expert counts and width). Those are flags here; the forward pass reads them.
 
 use onebit_gguf::Metadata;
 

@@ -5,6 +5,10 @@
 //! Where the kernel tier has a repacked layout for a matrix's type, the matrix is repacked at
 //! load, all of them into one arena, and its file pages are let go. Only vectors (norm weights,
 //! biases, RoPE frequency factors) are converted to f32 at load.
+//!
+//! A mixture-of-experts layer has a router and stacked experts (`ffn_{gate,up,down}_exps`, 3-D:
+//! one matrix per expert, one after another) instead of the dense MLP's three matrices; each
+//! expert's matrix is a view of its rows of the stacked tensor, repacked like any other.
 
 use std::collections::HashSet;
 
