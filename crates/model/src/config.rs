@@ -1,8 +1,8 @@
 //! Hyperparameters of a Llama-family model, read from GGUF metadata only.
 //!
 //! The architectures differ in data, not code: which RoPE layout they use, whether q/k/v carry
-//! biases, whether q and k are RMS-normed per head. Those are flags here; the forward pass
-//! reads them.
+//! biases, whether q and k are RMS-normed per head, whether the MLP is a mixture of experts
+//! (and its expert counts and width). Those are flags here; the forward pass reads them.
 
 use onebit_gguf::Metadata;
 
@@ -15,10 +15,12 @@ pub enum Arch {
     Mistral,
     Qwen2,
     Qwen3,
+    /// Qwen3's attention with a mixture-of-experts MLP in every layer.
+    Qwen3Moe,
 }
 
 impl Arch {
-    pub const SUPPORTED: &'static str = "llama, mistral, qwen2, qwen3";
+    pub const SUPPORTED: &'static str = "llama, mistral, qwen2, qwen3, qwen3moe";
 
     pub fn parse(name: &str) -> Result<Arch, ModelError> {
         Ok(match name {
@@ -26,6 +28,7 @@ impl Arch {
             "mistral" => Arch::Mistral,
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
+            "qwen3moe" => Arch::Qwen3Moe,
             other => return Err(ModelError::UnknownArchitecture(other.to_string())),
         })
     }
@@ -36,6 +39,7 @@ impl Arch {
             Arch::Mistral => "mistral",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen3Moe => "qwen3moe",
         }
     }
 
@@ -43,7 +47,7 @@ impl Arch {
     pub fn rope_style(self) -> RopeStyle {
         match self {
             Arch::Llama | Arch::Mistral => RopeStyle::Normal,
-            Arch::Qwen2 | Arch::Qwen3 => RopeStyle::Neox,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => RopeStyle::Neox,
         }
     }
 
@@ -52,16 +56,22 @@ impl Arch {
         match self {
             Arch::Qwen2 => Need::Required,
             Arch::Llama | Arch::Mistral => Need::Optional,
-            Arch::Qwen3 => Need::Absent,
+            Arch::Qwen3 | Arch::Qwen3Moe => Need::Absent,
         }
     }
 
     /// Whether q and k are RMS-normed per head before RoPE (Qwen3).
     pub fn qk_norm(self) -> Need {
         match self {
-            Arch::Qwen3 => Need::Required,
+            Arch::Qwen3 | Arch::Qwen3Moe => Need::Required,
             _ => Need::Absent,
         }
+    }
+
+    /// Whether every layer's MLP is a mixture of experts (a router and stacked expert
+    /// matrices) instead of one gated MLP.
+    pub fn moe(self) -> bool {
+        self == Arch::Qwen3Moe
     }
 }
 
@@ -92,6 +102,16 @@ pub struct RopeConfig {
     pub freq_scale: f32,
 }
 
+/// The mixture-of-experts MLP: each token's router picks `n_used` of `n_experts` gated MLPs
+/// (each `ffn` wide), whose outputs it adds up weighted by the router.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeConfig {
+    pub n_experts: usize,
+    pub n_used: usize,
+    /// Width of one expert's MLP (`expert_feed_forward_length`).
+    pub ffn: usize,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     pub arch: Arch,
@@ -103,7 +123,10 @@ pub struct Config {
     pub head_dim: usize,
     /// Per-head width of v (`attention.value_length`).
     pub value_dim: usize,
+    /// Width of the gated MLP (of a MoE model: as the metadata says; each expert's is in `moe`).
     pub ffn: usize,
+    /// The experts of a mixture-of-experts model.
+    pub moe: Option<MoeConfig>,
     pub rms_eps: f32,
     /// The context length the model was trained for.
     pub context_length: usize,
@@ -141,6 +164,22 @@ impl Config {
             freq_base: md.opt_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0),
             freq_scale: rope_freq_scale(md, p)?,
         };
+        let moe = if arch.moe() {
+            let n_experts = req("expert_count")?;
+            let n_used = req("expert_used_count")?;
+            // As llama.cpp: without its own key, an expert is the dense width shared by those used.
+            let ffn = match opt("expert_feed_forward_length")? {
+                Some(f) => f,
+                None => positive(&key("expert_feed_forward_length"), (req("feed_forward_length")? / n_used) as u32)?,
+            };
+            Some(MoeConfig { n_experts, n_used, ffn })
+        } else {
+            None
+        };
+        let ffn = match moe {
+            Some(m) => opt("feed_forward_length")?.unwrap_or(m.ffn * m.n_used),
+            None => req("feed_forward_length")?,
+        };
         let config = Config {
             arch,
             n_layers: req("block_count")?,
@@ -149,7 +188,8 @@ impl Config {
             n_kv_heads,
             head_dim,
             value_dim,
-            ffn: req("feed_forward_length")?,
+            ffn,
+            moe,
             rms_eps: md.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
             context_length: req("context_length")?,
             rope,
@@ -187,6 +227,17 @@ impl Config {
         let width = self.n_heads.max(self.n_kv_heads) * self.head_dim.max(self.value_dim);
         if self.hidden > 1 << 20 || self.ffn > 1 << 22 || width > 1 << 20 || self.n_layers > 4096 {
             return bad("embedding_length", "absurd model dimensions".into());
+        }
+        if let Some(m) = self.moe {
+            if m.n_used > m.n_experts || m.n_experts > 1024 {
+                return bad(
+                    "expert_used_count",
+                    format!("{} of {} experts (at most 1024, and no more used than there are)", m.n_used, m.n_experts),
+                );
+            }
+            if m.ffn > 1 << 22 {
+                return bad("expert_feed_forward_length", "absurd expert width".into());
+            }
         }
         Ok(())
     }

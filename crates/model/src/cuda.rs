@@ -18,7 +18,7 @@ use crate::error::ModelError;
 use crate::forward::{Blocks, Logits, SeqInput, check_batch, run_blocks, wanted_rows};
 use crate::kv_cache::{BLOCK_TOKENS, KvPool, KvType};
 use crate::rope::RopeAngles;
-use crate::weights::{Layer, Weight, Weights};
+use crate::weights::{Ffn, Layer, Weight, Weights};
 
 impl From<onebit_cuda::CudaError> for ModelError {
     fn from(e: onebit_cuda::CudaError) -> ModelError {
@@ -166,11 +166,23 @@ fn opt_ptr(b: &Option<Buf<f32>>) -> DevPtr {
 }
 
 impl CudaNet {
-    /// Upload the weights (as mapped from the file, before any CPU repacking).
-    pub fn upload(gpu: Arc<Gpu>, config: &Config, w: &Weights) -> Result<CudaNet, ModelError> {
+    /// Whether a model of `config` can run on the GPU (checked before a GPU is opened).
+    pub fn check(config: &Config) -> Result<(), ModelError> {
         if config.head_dim > onebit_cuda::MAX_HEAD || config.value_dim > onebit_cuda::MAX_HEAD {
             return Err(ModelError::Unsupported(format!("heads of {} on the GPU", config.head_dim)));
         }
+        if config.moe.is_some() {
+            return Err(ModelError::Unsupported(format!(
+                "mixture-of-experts models ({}) on the GPU; run them on the CPU",
+                config.arch.name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Upload the weights (as mapped from the file, before any CPU repacking).
+    pub fn upload(gpu: Arc<Gpu>, config: &Config, w: &Weights) -> Result<CudaNet, ModelError> {
+        Self::check(config)?;
         let g = &*gpu;
         let e = &w.embedding;
         if !onebit_cuda::supports(e.ty) {
@@ -577,6 +589,9 @@ fn upload_qkv(g: &Gpu, l: &Layer, i: usize) -> Result<Qkv, ModelError> {
 
 fn upload_layer(g: &Gpu, l: &Layer, i: usize) -> Result<GpuLayer, ModelError> {
     let name = |s: &str| format!("blk.{i}.{s}.weight");
+    let Ffn::Dense { gate, up, down } = &l.ffn else {
+        return Err(ModelError::Unsupported("a mixture-of-experts MLP on the GPU".into()));
+    };
     Ok(GpuLayer {
         attn_norm: g.upload(&l.attn_norm)?,
         qkv: upload_qkv(g, l, i)?,
@@ -587,9 +602,9 @@ fn upload_layer(g: &Gpu, l: &Layer, i: usize) -> Result<GpuLayer, ModelError> {
         q_norm: upload_opt(g, &l.q_norm)?,
         k_norm: upload_opt(g, &l.k_norm)?,
         ffn_norm: g.upload(&l.ffn_norm)?,
-        w_gate: upload_mat(g, &l.w_gate, &name("ffn_gate"))?,
-        w_up: upload_mat(g, &l.w_up, &name("ffn_up"))?,
-        w_down: upload_mat(g, &l.w_down, &name("ffn_down"))?,
+        w_gate: upload_mat(g, gate, &name("ffn_gate"))?,
+        w_up: upload_mat(g, up, &name("ffn_up"))?,
+        w_down: upload_mat(g, down, &name("ffn_down"))?,
     })
 }
 

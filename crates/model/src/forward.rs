@@ -14,8 +14,9 @@ use crate::attention::{Attention, AttnScratch};
 use crate::config::Config;
 use crate::error::ModelError;
 use crate::kv_cache::{BLOCK_TOKENS, KvPool};
+use crate::moe::MoeScratch;
 use crate::rope::RopeAngles;
-use crate::weights::{Layer, Weight, Weights};
+use crate::weights::{Ffn, Layer, Weight, Weights};
 
 /// Which logits a sequence wants back from a pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,19 +89,16 @@ impl Logits {
 pub struct Scratch {
     logits: Logits,
     x: Vec<f32>,
-    xn: Vec<f32>,
+    pub(crate) xn: Vec<f32>,
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
     attn: Vec<f32>,
-    /// The gated product and its parts, only for models whose gate and up projections take
-    /// different activation formats.
-    gate: Vec<f32>,
-    up: Vec<f32>,
     rope: Vec<RopeAngles>,
-    acts: Acts,
-    /// The down projection's activations, made by the gated product.
-    ffn_acts: Acts,
+    pub(crate) acts: Acts,
+    pub(crate) mlp: MlpBufs,
+    /// The mixture-of-experts MLP's buffers (MoE models only).
+    pub(crate) moe: MoeScratch,
     attn_scratch: PerThread<AttnScratch>,
     /// Per batch token: (sequence, position).
     where_: Vec<(usize, usize)>,
@@ -122,11 +120,10 @@ impl Scratch {
             k: Vec::new(),
             v: Vec::new(),
             attn: Vec::new(),
-            gate: Vec::new(),
-            up: Vec::new(),
             rope: Vec::new(),
             acts: Acts::new(),
-            ffn_acts: Acts::new(),
+            mlp: MlpBufs::default(),
+            moe: MoeScratch::default(),
             attn_scratch: PerThread::new(1, AttnScratch::default),
             where_: Vec::new(),
         }
@@ -156,6 +153,17 @@ impl Scratch {
             self.rope.push(RopeAngles::new(&c.rope));
         }
     }
+}
+
+/// The gated MLP's own buffers.
+#[derive(Default)]
+pub(crate) struct MlpBufs {
+    /// The down projection's activations, made by the gated product.
+    acts: Acts,
+    /// The gated product and its parts, only for models whose gate and up projections take
+    /// different activation formats.
+    gate: Vec<f32>,
+    up: Vec<f32>,
 }
 
 /// What the forward pass reads: the model's pieces, borrowed.
@@ -188,7 +196,8 @@ pub(crate) trait Blocks {
     /// Norm, q/k/v, biases, q/k norms and RoPE, the cache write, attention, the output
     /// projection, added to the residual stream.
     fn attention(&mut self, layer: usize) -> Result<(), ModelError>;
-    /// Norm, gate and up, SwiGLU, down, added to the residual stream.
+    /// Norm, gate and up, SwiGLU, down (of each expert the router picks, for a mixture of
+    /// experts), added to the residual stream.
     fn mlp(&mut self, layer: usize) -> Result<(), ModelError>;
     /// Final norm and output projection of the rows that want logits.
     fn logits(&mut self) -> Result<(), ModelError>;
@@ -360,35 +369,53 @@ impl Net<'_> {
         for (x, xn) in sc.x.chunks_exact(c.hidden).zip(sc.xn.chunks_exact_mut(c.hidden)).take(n) {
             self.kernels.rms_norm(x, &layer.ffn_norm, c.rms_eps, xn);
         }
-        let (gate, up, down) = (self.mat(&layer.w_gate), self.mat(&layer.w_up), self.mat(&layer.w_down));
-        let out = &mut sc.xn[..n * c.hidden];
-        if ActFormat::for_weights(gate.ty)? == ActFormat::for_weights(up.ty)? {
-            // silu(gate) · up straight into the down projection's activations: neither
-            // product is ever held whole.
-            let types = [gate.ty, up.ty];
-            self.kernels.quantize_acts_for(self.pool, &types, out, c.hidden, &mut sc.acts)?;
-            self.kernels.matmul_glu_acts(self.pool, &gate, &up, &sc.acts, &[down.ty], &mut sc.ffn_acts)?;
-            self.kernels.matmul(self.pool, &down, &sc.ffn_acts, out)?;
-        } else {
-            sc.gate.resize(n * c.ffn, 0.0);
-            sc.up.resize(n * c.ffn, 0.0);
-            let (g, u) = (&mut sc.gate[..n * c.ffn], &mut sc.up[..n * c.ffn]);
-            self.project(out, c.hidden, &[&gate, &up], &mut [g, u], &mut sc.acts)?;
-            self.kernels.silu_mul(&mut sc.gate[..n * c.ffn], &sc.up[..n * c.ffn]);
-            self.project(&sc.gate[..n * c.ffn], c.ffn, &[&down], &mut [out], &mut sc.acts)?;
+        match &layer.ffn {
+            Ffn::Dense { gate, up, down } => {
+                let mats = [&self.mat(gate), &self.mat(up), &self.mat(down)];
+                self.gated_mlp(mats, &mut sc.xn[..n * c.hidden], &mut sc.acts, &mut sc.mlp)?;
+            }
+            Ffn::Moe(experts) => self.moe_mlp(experts, sc, n)?,
         }
         add_into(&mut sc.x[..n * c.hidden], &sc.xn[..n * c.hidden]);
         Ok(())
     }
 
+    /// `down · (silu(gate · x) ⊙ (up · x))` for every row of `x`, written over it.
+    pub(crate) fn gated_mlp(
+        &self,
+        [gate, up, down]: [&MatRef; 3],
+        x: &mut [f32],
+        acts: &mut Acts,
+        bufs: &mut MlpBufs,
+    ) -> Result<(), ModelError> {
+        let (cols, width) = (gate.cols, gate.rows);
+        let n = x.len() / cols;
+        if ActFormat::for_weights(gate.ty)? == ActFormat::for_weights(up.ty)? {
+            // silu(gate) · up straight into the down projection's activations: neither
+            // product is ever held whole.
+            let types = [gate.ty, up.ty];
+            self.kernels.quantize_acts_for(self.pool, &types, x, cols, acts)?;
+            self.kernels.matmul_glu_acts(self.pool, gate, up, acts, &[down.ty], &mut bufs.acts)?;
+            self.kernels.matmul(self.pool, down, &bufs.acts, x)?;
+        } else {
+            bufs.gate.resize(n * width, 0.0);
+            bufs.up.resize(n * width, 0.0);
+            let (g, u) = (&mut bufs.gate[..n * width], &mut bufs.up[..n * width]);
+            self.project(x, cols, &[gate, up], &mut [g, u], acts)?;
+            self.kernels.silu_mul(&mut bufs.gate[..n * width], &bufs.up[..n * width]);
+            self.project(&bufs.gate[..n * width], width, &[down], &mut [x], acts)?;
+        }
+        Ok(())
+    }
+
     /// A weight for a product (packed where the tier can).
-    fn mat<'w>(&self, w: &'w Weight) -> MatRef<'w> {
+    pub(crate) fn mat<'w>(&self, w: &'w Weight) -> MatRef<'w> {
         w.get()
     }
 
     /// `outs[i] = input · mats[i]ᵀ`, quantizing the input once per activation format and
     /// running the products that share a format in one parallel region.
-    fn project(
+    pub(crate) fn project(
         &self,
         input: &[f32],
         cols: usize,

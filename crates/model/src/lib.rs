@@ -1,5 +1,5 @@
-//! Llama-family transformers from GGUF files: Qwen3 (and PrismML's Bonsai), Qwen2, Llama
-//! (SmolLM, Llama 1/2/3, Mistral GGUFs) and `mistral`.
+//! Llama-family transformers from GGUF files: Qwen3 (and PrismML's Bonsai), Qwen3-MoE, Qwen2,
+//! Llama (SmolLM, Llama 1/2/3, Mistral GGUFs) and `mistral`.
 //!
 //! ```no_run
 //! use onebit_kernels::Pool;
@@ -15,7 +15,7 @@
 //!
 //! The shape of the code: [`config`] reads hyperparameters from metadata, [`weights`] maps the
 //! table of tensors, [`forward`] runs a batch of sequences through the blocks (norm, attention,
-//! MLP), and [`kv_cache`] holds keys and values in a pool of blocks that sequences share
+//! MLP, or a mixture of experts in `moe`), and [`kv_cache`] holds keys and values in a pool of blocks that sequences share
 //! through block tables. The threads are the caller's ([`Pool`]): one per process, shared by
 //! every model it runs.
 
@@ -25,6 +25,7 @@ mod cuda;
 mod error;
 pub mod forward;
 pub mod kv_cache;
+mod moe;
 mod rope;
 mod weights;
 
@@ -33,7 +34,7 @@ use std::path::Path;
 use onebit_gguf::GgufModel;
 use onebit_kernels::{BatchRounding, KernelTier, Kernels, Pool};
 
-pub use config::{Arch, Config};
+pub use config::{Arch, Config, MoeConfig};
 pub use error::{ModelError, human_bytes};
 pub use forward::{Logits, LogitsWanted, Scratch, SeqInput};
 pub use kv_cache::{BLOCK_TOKENS, KvCache, KvPool, KvType};
@@ -132,6 +133,7 @@ impl Model {
                 None
             }
             Device::Cuda(ordinal) => {
+                cuda::CudaNet::check(&config)?;
                 let gpu = std::sync::Arc::new(onebit_cuda::Gpu::open(ordinal)?);
                 Some(cuda::CudaNet::upload(gpu, &config, &weights)?)
             }

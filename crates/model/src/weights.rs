@@ -5,6 +5,10 @@
 //! Where the kernel tier has a repacked layout for a matrix's type, the matrix is repacked at
 //! load, all of them into one arena, and its file pages are let go. Only vectors (norm weights,
 //! biases, RoPE frequency factors) are converted to f32 at load.
+//!
+//! A mixture-of-experts layer has a router and stacked experts (`ffn_{gate,up,down}_exps`, 3-D:
+//! one matrix per expert, one after another) instead of the dense MLP's three matrices; each
+//! expert's matrix is a view of its rows of the stacked tensor, repacked like any other.
 
 use std::collections::HashSet;
 
@@ -66,9 +70,40 @@ pub(crate) struct Layer {
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
-    pub w_gate: Weight,
-    pub w_up: Weight,
-    pub w_down: Weight,
+    pub ffn: Ffn,
+}
+
+/// A layer's MLP: one gated MLP, or a router over experts.
+// One per layer: the size of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Ffn {
+    Dense { gate: Weight, up: Weight, down: Weight },
+    Moe(Experts),
+}
+
+/// A mixture of experts: the router (one row of logits per expert), and each expert's gated
+/// MLP as views of the stacked tensors (`ffn_*_exps`, one matrix after another).
+pub(crate) struct Experts {
+    pub router: Weight,
+    pub gate: Vec<Weight>,
+    pub up: Vec<Weight>,
+    pub down: Vec<Weight>,
+}
+
+impl Ffn {
+    /// Every matrix of the MLP, in the file's order.
+    fn mats_mut(&mut self) -> Vec<&mut Weight> {
+        match self {
+            Ffn::Dense { gate, up, down } => vec![gate, up, down],
+            Ffn::Moe(e) => {
+                let mut v = vec![&mut e.router];
+                for ((g, u), d) in e.gate.iter_mut().zip(&mut e.up).zip(&mut e.down) {
+                    v.extend([g, u, d]);
+                }
+                v
+            }
+        }
+    }
 }
 
 pub(crate) struct Weights {
@@ -124,6 +159,25 @@ impl<'a> Table<'a> {
 
     fn required_matrix(&mut self, name: &str, cols: usize, rows: usize) -> Result<Weight, ModelError> {
         Ok(Weight::new(self.matrix(name, cols, rows, Need::Required)?.expect("required")))
+    }
+
+    /// `count` matrices of `rows` × `cols` stacked in one 3-D tensor, as a view of each.
+    fn stacked(
+        &mut self,
+        name: &str,
+        cols: usize,
+        rows: usize,
+        count: usize,
+        need: Need,
+    ) -> Result<Option<Vec<Weight>>, ModelError> {
+        let Some(t) = self.find(name, &[cols, rows, count], need)? else {
+            return Ok(None);
+        };
+        if !self.kernels.supports(t.ggml_type()) {
+            return Err(ModelError::TensorType { name: name.into(), ty: t.ggml_type(), what: "multiply" });
+        }
+        let all = extend(MatRef::from_tensor(&t)?);
+        Ok(Some((0..count).map(|e| Weight::new(all.slice_rows(e * rows..(e + 1) * rows))).collect()))
     }
 
     /// A vector, converted to f32.
@@ -204,7 +258,8 @@ impl Weights {
         };
         let mut mats: Vec<&mut Weight> = vec![output];
         for l in &mut self.layers {
-            mats.extend([&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.w_gate, &mut l.w_up, &mut l.w_down]);
+            mats.extend([&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo]);
+            mats.extend(l.ffn.mats_mut());
         }
         // Layer by layer, the output last: the order of the file and of the first forward pass.
         mats.rotate_left(1);
@@ -232,13 +287,35 @@ fn load_layer(tab: &mut Table, c: &Config, i: usize) -> Result<Layer, ModelError
         q_norm: tab.vector(&n("attn_q_norm.weight"), c.head_dim, arch.qk_norm())?,
         k_norm: tab.vector(&n("attn_k_norm.weight"), c.head_dim, arch.qk_norm())?,
         ffn_norm: tab.required_vector(&n("ffn_norm.weight"), h)?,
-        w_gate: tab.required_matrix(&n("ffn_gate.weight"), h, c.ffn)?,
-        w_up: tab.required_matrix(&n("ffn_up.weight"), h, c.ffn)?,
-        w_down: tab.required_matrix(&n("ffn_down.weight"), c.ffn, h)?,
+        ffn: load_ffn(tab, c, i)?,
     };
     // Optional biases come in complete sets or not at all.
     if layer.bq.is_some() != layer.bk.is_some() || layer.bk.is_some() != layer.bv.is_some() {
         return Err(ModelError::Unsupported(format!("layer {i} has biases on only some of q, k, v")));
     }
     Ok(layer)
+}
+
+/// A layer's MLP: dense, or (for a mixture-of-experts architecture) the router and stacked
+/// experts; the other kind's tensors must be absent.
+fn load_ffn(tab: &mut Table, c: &Config, i: usize) -> Result<Ffn, ModelError> {
+    let n = |s: &str| format!("blk.{i}.{s}");
+    let h = c.hidden;
+    let (dense, moe) = if c.arch.moe() { (Need::Absent, Need::Required) } else { (Need::Required, Need::Absent) };
+    let w = Weight::new;
+    let gate = tab.matrix(&n("ffn_gate.weight"), h, c.ffn, dense)?.map(w);
+    let up = tab.matrix(&n("ffn_up.weight"), h, c.ffn, dense)?.map(w);
+    let down = tab.matrix(&n("ffn_down.weight"), c.ffn, h, dense)?.map(w);
+    let (ne, ef) = c.moe.map_or((0, 0), |m| (m.n_experts, m.ffn));
+    let router = tab.matrix(&n("ffn_gate_inp.weight"), h, ne, moe)?.map(w);
+    let gate_exps = tab.stacked(&n("ffn_gate_exps.weight"), h, ef, ne, moe)?;
+    let up_exps = tab.stacked(&n("ffn_up_exps.weight"), h, ef, ne, moe)?;
+    let down_exps = tab.stacked(&n("ffn_down_exps.weight"), ef, h, ne, moe)?;
+    Ok(match (gate, up, down, router, gate_exps, up_exps, down_exps) {
+        (Some(gate), Some(up), Some(down), None, None, None, None) => Ffn::Dense { gate, up, down },
+        (None, None, None, Some(router), Some(gate), Some(up), Some(down)) => {
+            Ffn::Moe(Experts { router, gate, up, down })
+        }
+        _ => unreachable!("the needs above admit one set of tensors"),
+    })
 }
