@@ -39,6 +39,8 @@ enum Command {
     Serve(commands::serve::Args),
     /// Measure many sequences served at once through the engine, llama-batched-bench style.
     BatchedBench(commands::batched_bench::Args),
+    /// Quantize a model (F16/BF16/F32 GGUF in), byte for byte as llama-quantize does.
+    Quantize(commands::quantize::Args),
 }
 
 fn main() -> ExitCode {
@@ -88,6 +90,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => ok(commands::bench::run(args)),
         Command::BatchedBench(args) => ok(commands::batched_bench::run(args)),
         Command::Serve(args) => commands::serve::run(args),
+        Command::Quantize(args) => ok(commands::quantize::run(args)),
     };
     match result {
         Ok(code) => ExitCode::from(code),

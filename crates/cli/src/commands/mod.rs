@@ -7,6 +7,7 @@ pub mod gen_args;
 pub mod inspect;
 pub mod logits;
 pub mod model_args;
+pub mod quantize;
 pub mod resolve;
 pub mod run;
 pub mod serve;

@@ -14,6 +14,7 @@ mod kquants_quantize;
 mod legacy;
 mod one_bit;
 pub mod ternary;
+mod weighted;
 
 use onebit_gguf::GgmlType;
 
@@ -162,4 +163,29 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), KernelE
         }
     }
     Ok(())
+}
+
+/// Whether `ty`'s quantizer takes an importance matrix into account (the others ignore one).
+pub fn uses_importance(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K)
+}
+
+/// Quantize one row `src` into `dst` as ggml's `quantize_*` does given `weights`, the
+/// importance of each column (an importance matrix row): without weights, or for a type that
+/// has no use for them, this is [`quantize`].
+pub fn quantize_weighted(
+    ty: GgmlType,
+    src: &[f32],
+    dst: &mut [u8],
+    weights: Option<&[f32]>,
+) -> Result<(), KernelError> {
+    let Some(w) = weights.filter(|_| uses_importance(ty)) else {
+        return quantize(ty, src, dst);
+    };
+    check_sizes(ty, src.len(), dst.len())?;
+    if w.len() != src.len() {
+        return Err(KernelError::Shape(format!("{} importance weights for a row of {}", w.len(), src.len())));
+    }
+    weighted::quantize_row(ty, src, dst, w)
 }
