@@ -174,23 +174,19 @@ fn synthetic(name: &str, path: &Path) {
         w.add_tensor(tname, ty, shape, bytes).unwrap();
     };
     let (h, hd) = (s.hidden, s.head_dim);
-    let norm = |w: &mut GgufWriter,
-                add: &mut dyn FnMut(&mut GgufWriter, String, &[u64], GgmlType, f32),
-                n: String,
-                len| { add(w, n, &[len], GgmlType::F32, 0.1) };
     add(&mut w, "token_embd.weight".into(), &[h, s.vocab], s.ty, 0.5);
     for l in 0..s.layers {
         let p = format!("blk.{l}.");
-        norm(&mut w, &mut add, format!("{p}attn_norm.weight"), h);
+        add(&mut w, format!("{p}attn_norm.weight"), &[h], GgmlType::F32, 0.1);
         add(&mut w, format!("{p}attn_q.weight"), &[h, s.heads * hd], s.ty, 0.06);
         add(&mut w, format!("{p}attn_k.weight"), &[h, s.kv_heads * hd], s.ty, 0.06);
         add(&mut w, format!("{p}attn_v.weight"), &[h, s.kv_heads * hd], s.ty, 0.06);
         if a.starts_with("qwen3") {
-            norm(&mut w, &mut add, format!("{p}attn_q_norm.weight"), hd);
-            norm(&mut w, &mut add, format!("{p}attn_k_norm.weight"), hd);
+            add(&mut w, format!("{p}attn_q_norm.weight"), &[hd], GgmlType::F32, 0.1);
+            add(&mut w, format!("{p}attn_k_norm.weight"), &[hd], GgmlType::F32, 0.1);
         }
         add(&mut w, format!("{p}attn_output.weight"), &[s.heads * hd, h], s.ty, 0.06);
-        norm(&mut w, &mut add, format!("{p}ffn_norm.weight"), h);
+        add(&mut w, format!("{p}ffn_norm.weight"), &[h], GgmlType::F32, 0.1);
         if s.experts > 0 {
             add(&mut w, format!("{p}ffn_gate_inp.weight"), &[h, s.experts], GgmlType::F32, 0.06);
             add(&mut w, format!("{p}ffn_gate_exps.weight"), &[h, s.ffn, s.experts], s.ty, 0.06);
@@ -202,7 +198,7 @@ fn synthetic(name: &str, path: &Path) {
             add(&mut w, format!("{p}ffn_down.weight"), &[s.ffn, h], s.ty, 0.04);
         }
     }
-    norm(&mut w, &mut add, "output_norm.weight".into(), h);
+    add(&mut w, "output_norm.weight".into(), &[h], GgmlType::F32, 0.1);
     if !s.tied {
         add(&mut w, "output.weight".into(), &[h, s.vocab], s.ty, 0.1);
     }
