@@ -7,6 +7,10 @@
 //! attention, a Llama in F16 with tied embeddings, a Qwen3-MoE in F16 with 8 experts (the
 //! 8-expert rules), and a tiny Llama whose FFN rows (80) fit no block type (F16 fallbacks).
 //!
+//! With `--imatrix`: synthetic importance matrices for the synthetic models (written here in
+//! llama-imatrix's GGUF format) and `tests/data/qwen2-f16.imatrix.gguf`, which llama-imatrix
+//! made from qwen2-f16 (`llama-imatrix -m qwen2-f16.gguf -f TEXT -c 128`).
+//!
 //! `tests/data/quantize-sha256.txt` holds the SHA-256 of llama-quantize's output for each
 //! (model, options, type), or `error` where llama-quantize refuses. To regenerate it (where
 //! llama.cpp is built):
@@ -50,7 +54,66 @@ fn cases() -> Vec<(&'static str, &'static str, &'static str)> {
     for model in ["qwen3-q8_0", "qwen3-tq2_0", "qwen3moe-q1_0", "llama-q4_k_m", "llama-q5_1"] {
         out.extend(["Q4_K_M", "TQ1_0", "Q1_0"].iter().map(|t| (model, "--allow-requantize", *t)));
     }
+    // Importance matrices: synthetic ones for the synthetic models (K-quant rows, experts with
+    // no tokens), and a real one llama-imatrix made for qwen2-f16 (tests/data).
+    for (model, flags) in [
+        ("qwen3-f32", "--imatrix qwen3-f32.imatrix.gguf"),
+        ("qwen3moe-f16", "--imatrix qwen3moe-f16.imatrix.gguf"),
+        ("qwen2-f16", "--imatrix qwen2-f16.imatrix.gguf"),
+    ] {
+        out.extend(ALL_TYPES.iter().chain(&["Q2_K_S"]).map(|t| (model, flags, *t)));
+    }
+    out.push(("qwen3-f32", "", "Q2_K_S"));
     out
+}
+
+/// Put the importance matrix that `flags` names into `dir` (quantizers run there, so the name
+/// they record in the output's metadata is the same everywhere).
+fn prepare_imatrix(flags: &str, dir: &Path) {
+    let Some(name) = flags.split_whitespace().skip_while(|f| *f != "--imatrix").nth(1) else {
+        return;
+    };
+    let path = dir.join(name);
+    if path.exists() {
+        return;
+    }
+    if name == "qwen2-f16.imatrix.gguf" {
+        std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name), &path).unwrap();
+        return;
+    }
+    let model = name.trim_end_matches(".imatrix.gguf");
+    let model_path = input(model, dir).unwrap();
+    let m = onebit_gguf::GgufFile::open(&model_path).unwrap();
+    let mut w = GgufWriter::new();
+    w.set("general.type", OwnedValue::string("imatrix"));
+    w.set("imatrix.datasets", OwnedValue::strings(["synthetic.txt"]));
+    w.set("imatrix.chunk_count", OwnedValue::U32(7));
+    w.set("imatrix.chunk_size", OwnedValue::U32(512));
+    for (k, t) in m.tensors().enumerate() {
+        if t.shape().len() < 2 || t.name() == "token_embd.weight" {
+            continue;
+        }
+        let (cols, experts) = (t.dim(0), t.dim(2));
+        // Expert e saw 100·(e+1) tokens, except the last expert of layer 0, which saw none.
+        let counts: Vec<f32> = (0..experts)
+            .map(|e| {
+                if experts > 1 && e == experts - 1 && t.name().starts_with("blk.0.") {
+                    0.0
+                } else {
+                    100.0 * (e + 1) as f32
+                }
+            })
+            .collect();
+        let sums: Vec<f32> = (0..cols * experts)
+            .map(|i| (value(1000 + k as u64, i) + 2.5) * counts[(i / cols) as usize].max(1.0))
+            .collect();
+        let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let shape = if experts > 1 { vec![cols, experts] } else { vec![cols] };
+        w.add_tensor(format!("{}.in_sum2", t.name()), GgmlType::F32, &shape, f32_bytes(&sums)).unwrap();
+        let shape = if experts > 1 { vec![1, experts] } else { vec![1] };
+        w.add_tensor(format!("{}.counts", t.name()), GgmlType::F32, &shape, f32_bytes(&counts)).unwrap();
+    }
+    w.write_file(&path).unwrap();
 }
 
 /// A deterministic value in about [-2, 2): the sum of four uniforms from a hash of (seed, i).
@@ -238,6 +301,7 @@ fn run(cmd: &mut Command, out: &Path) -> (String, String) {
 
 fn onebit_quantize(input: &Path, out: &Path, flags: &str, ty: &str) -> (String, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_onebit"));
+    cmd.current_dir(out.parent().unwrap());
     cmd.args(["quantize", "--quiet"]).args(flags.split_whitespace()).arg(input).arg(out).arg(ty);
     run(&mut cmd, out)
 }
@@ -257,6 +321,7 @@ fn output_is_byte_identical_to_llama_quantize() {
         };
         let k = key(model, flags, ty);
         let expected = want.get(k.as_str()).unwrap_or_else(|| panic!("{TABLE} has no line for {k}"));
+        prepare_imatrix(flags, dir.path());
         let (got, log) = onebit_quantize(&input, &out, flags, ty);
         if got != *expected {
             failures.push(format!("{k}: {got} (llama-quantize: {expected}) {}", log.trim()));
@@ -277,7 +342,9 @@ fn regenerate() {
         vec!["# model flags type sha256-of-llama-quantize-output (see tests/quantize.rs to regenerate)".to_string()];
     for (model, flags, ty) in cases() {
         let input = input(model, dir.path()).expect("shared models present");
+        prepare_imatrix(flags, dir.path());
         let mut cmd = Command::new(&llama);
+        cmd.current_dir(dir.path());
         cmd.args(flags.split_whitespace()).arg(&input).arg(&out).arg(ty).arg("2");
         let (sha, _) = run(&mut cmd, &out);
         lines.push(format!("{} {sha}", key(model, flags, ty)));

@@ -193,7 +193,7 @@ fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
 }
 
 /// Pack 2-bit values: byte l of each 32-byte group holds weights l, l+32, l+64, l+96.
-fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8; QK_K / 4]) {
+pub(super) fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8; QK_K / 4]) {
     for (j, group) in qs.chunks_exact_mut(32).enumerate() {
         let base = 128 * j;
         for (i, q) in group.iter_mut().enumerate() {
