@@ -398,6 +398,16 @@ fn bad_input_is_a_clear_error() {
     let iq = dir.path().join("iq.gguf");
     w.write_file(&iq).unwrap();
     expect_error(&["--allow-requantize", iq.to_str().unwrap(), o, "Q4_0"], "cannot read back");
+    // A NaN in the weights (llama-quantize refuses such a file too).
+    let mut w = GgufWriter::new();
+    w.set("general.architecture", OwnedValue::string("llama"));
+    w.set("llama.block_count", OwnedValue::U32(1));
+    let mut vals = vec![0u8; 4 * 64];
+    vals[8..12].copy_from_slice(&f32::NAN.to_le_bytes());
+    w.add_tensor("blk.0.ffn_up.weight", GgmlType::F32, &[32, 2], vals).unwrap();
+    let nan = dir.path().join("nan.gguf");
+    w.write_file(&nan).unwrap();
+    expect_error(&[nan.to_str().unwrap(), o, "Q4_0"], "NaN or infinite");
     // No architecture: the rules cannot run.
     let mut w = GgufWriter::new();
     w.add_tensor("a.weight", GgmlType::F32, &[32, 2], vec![0u8; 256]).unwrap();

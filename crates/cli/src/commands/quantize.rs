@@ -6,9 +6,9 @@
 //! the types its rules choose ([`rules`]), and each tensor's data quantized by the reference
 //! quantizers in `onebit_kernels::formats`, which match ggml's byte for byte.
 //!
-//! The input is memory-mapped and read one tensor at a time; each tensor's pages are released
-//! once it is written, and the output is produced in slabs ([`convert`]), so memory stays near
-//! one slab whatever the model's size.
+//! The input is memory-mapped and read one tensor at a time, in slabs of rows ([`convert`]);
+//! each slab's input pages are released once its output is written, so memory stays near one
+//! slab whatever the size of the model or of its largest tensor.
 
 mod convert;
 pub mod imatrix;
@@ -92,6 +92,8 @@ pub enum QuantizeError {
     NeedsImatrix { tensor: String, ty: GgmlType, ftype: &'static str },
     #[error("tensor {tensor}: rows of {n_per_row} do not fit type {ty}")]
     Shape { tensor: String, ty: GgmlType, n_per_row: u64 },
+    #[error("tensor {tensor} holds NaN or infinite values")]
+    NotFinite { tensor: String },
     #[error("tensor {tensor}: {source}")]
     Kernel { tensor: String, source: onebit_kernels::KernelError },
     #[error("the model has no {0} in its metadata")]
@@ -278,12 +280,16 @@ impl Job {
                 bytes_out += bytes.len() as u64;
                 Ok(out.write_data(bytes)?)
             };
-            convert::convert(pool, &src, planned.to, weights, &mut sink, &mut |n| bar.inc(n))?;
+            // Each slab's input pages leave memory as soon as the slab is written.
+            let mut done = |used: &[u8]| {
+                bar.inc(used.len() as u64);
+                for part in model.parts() {
+                    part.release(used);
+                }
+            };
+            convert::convert(pool, &src, planned.to, weights, &mut sink, &mut done)?;
             out.end_tensor()?;
             bytes_in += t.data().len() as u64;
-            for part in model.parts() {
-                part.release(t.data());
-            }
         }
         let mut w = out.finish()?;
         w.flush().with_context(|| format!("writing {}", path.display()))?;

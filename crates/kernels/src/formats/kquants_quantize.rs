@@ -144,54 +144,6 @@ fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
     if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
 }
 
-/// Symmetric fit weighted by x² (ggml's rmse_type 1), trying 18 scales around -nmax / max.
-fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
-    let (mut max, mut amax) = (0.0f32, 0.0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    if amax < GROUP_MAX_EPS {
-        l_out.iter_mut().for_each(|l| *l = 0);
-        return 0.0;
-    }
-    let fit = |iscale: f32| {
-        let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
-        for &xi in x {
-            let l = nearest_int(iscale * xi).clamp(-nmax, nmax - 1) as f32;
-            let w = xi * xi;
-            sumlx += w * xi * l;
-            suml2 += w * l * l;
-        }
-        (sumlx, suml2)
-    };
-    let store = |iscale: f32, l_out: &mut [i8]| {
-        for (l, &xi) in l_out.iter_mut().zip(x) {
-            *l = (nmax + nearest_int(iscale * xi).clamp(-nmax, nmax - 1)) as i8;
-        }
-    };
-    let iscale = -(nmax as f32) / max;
-    store(iscale, l_out);
-    let (sumlx, suml2) = fit(iscale);
-    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
-    let mut best = scale * sumlx;
-    for is in -9..=9 {
-        if is == 0 {
-            continue;
-        }
-        let iscale = -(nmax as f32 + 0.1 * is as f32) / max;
-        let (sumlx, suml2) = fit(iscale);
-        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
-            store(iscale, l_out);
-            scale = sumlx / suml2;
-            best = scale * sumlx;
-        }
-    }
-    scale
-}
-
 /// Pack 2-bit values: byte l of each 32-byte group holds weights l, l+32, l+64, l+96.
 pub(super) fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8; QK_K / 4]) {
     for (j, group) in qs.chunks_exact_mut(32).enumerate() {
@@ -396,10 +348,10 @@ pub fn quantize_q5_k(x: &[f32], y: &mut [BlockQ5K]) {
 pub fn quantize_q6_k(x: &[f32], y: &mut [BlockQ6K]) {
     for (b, xs) in y.iter_mut().zip(x.chunks_exact(QK_K)) {
         let mut l = [0i8; QK_K];
-        let mut scales = [0f32; QK_K / 16];
+        let w: [f32; QK_K] = std::array::from_fn(|i| xs[i] * xs[i]);
+        let scales = super::lanes::make_qx_quants_x16(32, xs, &w, &mut l);
         let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
         for ib in 0..QK_K / 16 {
-            scales[ib] = make_qx_quants(32, &xs[16 * ib..16 * ib + 16], &mut l[16 * ib..16 * ib + 16]);
             if scales[ib].abs() > max_abs_scale {
                 max_abs_scale = scales[ib].abs();
                 max_scale = scales[ib];

@@ -11,6 +11,7 @@
 mod float;
 pub mod kquants;
 mod kquants_quantize;
+mod lanes;
 mod legacy;
 mod one_bit;
 pub mod ternary;
@@ -105,7 +106,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Kerne
         F32 => {
             dst.iter_mut().zip(src.chunks_exact(4)).for_each(|(d, s)| *d = f32::from_le_bytes(s.try_into().unwrap()))
         }
-        F16 => dst.iter_mut().zip(src.chunks_exact(2)).for_each(|(d, s)| *d = half([s[0], s[1]])),
+        F16 => f16_row_to_f32(src, dst),
         BF16 => dst
             .iter_mut()
             .zip(src.chunks_exact(2))
@@ -131,6 +132,16 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Kerne
         }
     }
     Ok(())
+}
+
+/// Halves to f32 (exact). An aligned row goes through `half`'s slice conversion, which uses
+/// F16C where the CPU has it (the scalar path is a third of the time of a Q1_0 quantization).
+fn f16_row_to_f32(src: &[u8], dst: &mut [f32]) {
+    use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+    match bytemuck::try_cast_slice::<u8, u16>(src) {
+        Ok(bits) => bits.reinterpret_cast::<half::f16>().convert_to_f32_slice(dst),
+        Err(_) => dst.iter_mut().zip(src.chunks_exact(2)).for_each(|(d, s)| *d = half([s[0], s[1]])),
+    }
 }
 
 /// Quantize `src` into `dst` (whole blocks of `ty`) with ggml's reference quantizer (no

@@ -11,6 +11,7 @@ use onebit_gguf::GgmlType;
 
 use super::kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, QK_K, q3k_scales, scale_min_k4};
 use super::kquants_quantize::pack_2bit;
+use super::lanes::make_qx_quants_x16;
 use super::legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, pack_q5};
 use super::{blocks_mut, half, nearest_int, to_half};
 use crate::KernelError;
@@ -345,13 +346,9 @@ fn q3_k(x: &[f32], y: &mut [BlockQ3K], qw: &[f32]) {
         let qw = &qw[QK_K * i..];
         let sigma2 = 2.0 * sum_sq(xs) / QK_K as f32;
         let mut l = [0i8; QK_K];
-        let (mut scales, mut sw) = ([0f32; 16], [0f32; 16]);
-        for j in 0..16 {
-            let sub = &xs[16 * j..16 * j + 16];
-            let w: [f32; 16] = block_weights(sub, &qw[16 * j..], sigma2);
-            sw[j] = w.iter().fold(0.0f32, |s, v| s + v);
-            scales[j] = make_qx_quants(4, sub, &mut l[16 * j..16 * j + 16], &w);
-        }
+        let w: [f32; QK_K] = block_weights(xs, qw, sigma2);
+        let sw: [f32; 16] = std::array::from_fn(|j| w[16 * j..16 * j + 16].iter().fold(0.0f32, |s, v| s + v));
+        let scales = make_qx_quants_x16(4, xs, &w, &mut l);
         b.scales = [0; 12];
         let mut ls = [0i8; 16];
         let d_block = make_qx_quants(32, &scales, &mut ls, &sw);
@@ -479,11 +476,9 @@ fn q6_k(x: &[f32], y: &mut [BlockQ6K], qw: &[f32]) {
     for (i, (b, xs)) in y.iter_mut().zip(x.chunks_exact(QK_K)).enumerate() {
         let qw = &qw[QK_K * i..];
         let mut l = [0i8; QK_K];
-        let mut scales = [0f32; 16];
+        let scales = make_qx_quants_x16(32, xs, &qw[..QK_K], &mut l);
         let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
         for ib in 0..16 {
-            let r = 16 * ib..16 * ib + 16;
-            scales[ib] = make_qx_quants(32, &xs[r.clone()], &mut l[r.clone()], &qw[r]);
             if scales[ib].abs() > max_abs_scale {
                 max_abs_scale = scales[ib].abs();
                 max_scale = scales[ib];

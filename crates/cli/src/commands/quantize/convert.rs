@@ -13,7 +13,7 @@ use onebit_kernels::formats::{self, dequantize};
 
 use super::QuantizeError;
 
-/// Output bytes per slab: large enough to keep every thread busy, small enough not to matter.
+/// Bytes per slab (of input or output, whichever is larger): large enough to keep every thread busy, small enough not to matter.
 const SLAB_BYTES: usize = 32 << 20;
 /// Elements a thread converts at a time (llama.cpp's chunk is 16K elements as well).
 const CHUNK_ELEMENTS: usize = 32 * 512;
@@ -45,7 +45,7 @@ pub fn convert(
     to: GgmlType,
     imatrix: Option<&[f32]>,
     sink: &mut dyn FnMut(&[u8]) -> Result<(), QuantizeError>,
-    done: &mut dyn FnMut(u64),
+    done: &mut dyn FnMut(&[u8]),
 ) -> Result<(), QuantizeError> {
     let n = src.n_per_row;
     let src_row = src.ty.bytes_for(n as u64).ok_or_else(|| bad_shape(src, src.ty))? as usize;
@@ -55,14 +55,19 @@ pub fn convert(
         return Err(bad_shape(src, src.ty));
     }
     if src.ty == to {
-        // Nothing to compute: the bytes go through as they are, a slab at a time.
+        // Nothing to compute: the bytes go through as they are, a slab at a time (checked
+        // first, as llama-quantize checks every float tensor it reads).
+        if !floats_are_finite(src.ty, src.data) {
+            return Err(QuantizeError::NotFinite { tensor: src.name.to_string() });
+        }
         for piece in src.data.chunks(SLAB_BYTES.max(src_row) / src_row * src_row) {
             sink(piece)?;
-            done(piece.len() as u64);
+            done(piece);
         }
         return Ok(());
     }
-    let slab_rows = (SLAB_BYTES / dst_row).clamp(1, rows.max(1));
+    // The slab bounds the input touched as well as the output held.
+    let slab_rows = (SLAB_BYTES / dst_row.max(src_row)).clamp(1, rows.max(1));
     let chunk_rows = CHUNK_ELEMENTS.div_ceil(n).max(1);
     let mut out = vec![0u8; slab_rows.min(rows) * dst_row];
     let mut first = 0;
@@ -83,7 +88,7 @@ pub fn convert(
             return Err(e);
         }
         sink(slab)?;
-        done((count * src_row) as u64);
+        done(&src.data[first * src_row..(first + count) * src_row]);
         first += count;
     }
     Ok(())
@@ -104,6 +109,9 @@ fn convert_rows(
     let mut f32s = vec![0f32; nrows * n];
     let kernel = |e| QuantizeError::Kernel { tensor: src.name.to_string(), source: e };
     dequantize(src.ty, input, &mut f32s).map_err(kernel)?;
+    if !f32s.iter().all(|v| v.is_finite()) {
+        return Err(QuantizeError::NotFinite { tensor: src.name.to_string() });
+    }
     match imatrix {
         None => formats::quantize(to, &f32s, dst).map_err(kernel)?,
         Some(weights) => {
@@ -120,4 +128,15 @@ fn convert_rows(
 
 fn bad_shape(src: &Source, ty: GgmlType) -> QuantizeError {
     QuantizeError::Shape { tensor: src.name.to_string(), ty, n_per_row: src.n_per_row as u64 }
+}
+
+/// Whether a float tensor holds no NaN or infinity (other types are not checked).
+fn floats_are_finite(ty: GgmlType, data: &[u8]) -> bool {
+    let halves = |exp: u16| data.chunks_exact(2).all(|b| u16::from_le_bytes([b[0], b[1]]) & exp != exp);
+    match ty {
+        GgmlType::F32 => data.chunks_exact(4).all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite()),
+        GgmlType::F16 => halves(0x7c00),
+        GgmlType::BF16 => halves(0x7f80),
+        _ => true,
+    }
 }
