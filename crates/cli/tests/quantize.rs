@@ -415,3 +415,13 @@ fn bad_input_is_a_clear_error() {
     w.write_file(&bare).unwrap();
     expect_error(&[bare.to_str().unwrap(), o, "Q4_0"], "general.architecture");
 }
+
+/// Writes the synthetic models into `$QUANTIZE_MODELS_DIR`, to run other tools on them.
+#[test]
+#[ignore = "writes files for manual comparisons"]
+fn write_synthetic_models() {
+    let dir = PathBuf::from(std::env::var("QUANTIZE_MODELS_DIR").expect("set QUANTIZE_MODELS_DIR"));
+    for model in SYNTHETIC {
+        synthetic(model, &dir.join(format!("{model}.gguf")));
+    }
+}
