@@ -9,7 +9,8 @@
 //!
 //! With `--imatrix`: synthetic importance matrices for the synthetic models (written here in
 //! llama-imatrix's GGUF format) and `tests/data/qwen2-f16.imatrix.gguf`, which llama-imatrix
-//! made from qwen2-f16 (`llama-imatrix -m qwen2-f16.gguf -f TEXT -c 128`).
+//! made from qwen2-f16 (`llama-imatrix -m qwen2-f16.gguf -f TEXT -c 128`), and the same in
+//! llama-imatrix's older format, `tests/data/qwen2-f16.imatrix.dat` (`--output-format dat`).
 //!
 //! `tests/data/quantize-sha256.txt` holds the SHA-256 of llama-quantize's output for each
 //! (model, options, type), or `error` where llama-quantize refuses. To regenerate it (where
@@ -63,6 +64,10 @@ fn cases() -> Vec<(&'static str, &'static str, &'static str)> {
     ] {
         out.extend(ALL_TYPES.iter().chain(&["Q2_K_S"]).map(|t| (model, flags, *t)));
     }
+    // llama-imatrix's older format (`--output-format dat`).
+    out.extend(
+        SOME_TYPES.iter().chain(&["Q4_0", "Q5_1"]).map(|t| ("qwen2-f16", "--imatrix qwen2-f16.imatrix.dat", *t)),
+    );
     out.push(("qwen3-f32", "", "Q2_K_S"));
     out
 }
@@ -77,7 +82,7 @@ fn prepare_imatrix(flags: &str, dir: &Path) {
     if path.exists() {
         return;
     }
-    if name == "qwen2-f16.imatrix.gguf" {
+    if name.starts_with("qwen2-f16.imatrix.") {
         std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name), &path).unwrap();
         return;
     }
