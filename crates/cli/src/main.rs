@@ -41,6 +41,8 @@ enum Command {
     BatchedBench(commands::batched_bench::Args),
     /// Perplexity of a text, and KL divergence from a base model, llama-perplexity style.
     Perplexity(commands::perplexity::Args),
+    /// Quantize a model (F16/BF16/F32 GGUF in), byte for byte as llama-quantize does.
+    Quantize(commands::quantize::Args),
 }
 
 fn main() -> ExitCode {
@@ -91,6 +93,7 @@ fn main() -> ExitCode {
         Command::BatchedBench(args) => ok(commands::batched_bench::run(args)),
         Command::Perplexity(args) => ok(commands::perplexity::run(args)),
         Command::Serve(args) => commands::serve::run(args),
+        Command::Quantize(args) => ok(commands::quantize::run(args)),
     };
     match result {
         Ok(code) => ExitCode::from(code),

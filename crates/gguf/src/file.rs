@@ -82,6 +82,30 @@ impl GgufFile {
         self.storage.bytes()
     }
 
+    /// Let the pages holding `bytes` (a slice of this file, e.g. a tensor's data already used)
+    /// leave this process's memory: a tool that streams through a large model touches each
+    /// tensor once, and without this every page it read would stay resident until the end.
+    /// The bytes stay readable (the kernel reads them from the file again if asked). Does
+    /// nothing for an in-memory image or a slice of some other buffer.
+    pub fn release(&self, bytes: &[u8]) {
+        let Storage::Map(map) = &self.storage else {
+            return;
+        };
+        let base = map.as_ptr() as usize;
+        let start = bytes.as_ptr() as usize;
+        if bytes.is_empty() || start < base || start + bytes.len() > base + map.len() {
+            return;
+        }
+        #[cfg(unix)]
+        // SAFETY: MADV_DONTNEED on a read-only, file-backed private map only drops pages that
+        // were never written: a later read faults them back in from the file, unchanged (as long
+        // as the file itself is not modified, which `open` already assumes). No reference to
+        // the contents is invalidated, only their residency.
+        unsafe {
+            let _ = map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start - base, bytes.len());
+        }
+    }
+
     pub fn version(&self) -> u32 {
         self.layout.version
     }

@@ -26,4 +26,4 @@ pub use metadata::{Array, ArrayIter, Metadata, Value, ValueType};
 pub use reader::{DEFAULT_ALIGNMENT, INDEX_SLACK, MAX_DIMS};
 pub use split::{GgufModel, KEY_SPLIT_COUNT, KEY_SPLIT_NO, KEY_SPLIT_TENSORS, part_name};
 pub use types::GgmlType;
-pub use writer::{GgufWriter, OwnedValue};
+pub use writer::{GgufStreamWriter, GgufWriter, OwnedValue, TensorInfo};

@@ -1,5 +1,9 @@
-//! A GGUF v3 writer: metadata and tensors, with the data section aligned the way llama.cpp
+//! GGUF v3 writers: metadata and tensors, with the data section aligned the way llama.cpp
 //! and gguf-py lay it out (tensor data in insertion order, each padded to the alignment).
+//!
+//! [`GgufWriter`] holds every tensor until it writes the file; [`GgufStreamWriter`] writes the
+//! header first (from the tensors' types and shapes alone) and then takes each tensor's bytes
+//! as they are produced, so a converter never holds more than the piece it is working on.
 
 use std::borrow::Cow;
 use std::io::{self, Write};
@@ -114,6 +118,65 @@ fn encode_str(s: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(s);
 }
 
+/// The byte size of a tensor of `ty` and `shape` (ggml order), checking that it can be stored.
+fn tensor_bytes(name: &str, ty: GgmlType, shape: &[u64]) -> Result<u64> {
+    let fail = |reason: String| Err(GgufError::Write { reason: format!("tensor '{name}': {reason}") });
+    if shape.len() > MAX_DIMS {
+        return fail(format!("{} dimensions, at most {MAX_DIMS}", shape.len()));
+    }
+    let n = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+    match n.and_then(|n| ty.bytes_for(n).filter(|_| shape.first().is_none_or(|d| d % ty.block_size() == 0))) {
+        Some(bytes) => Ok(bytes),
+        None => fail(format!("shape {shape:?} is not a whole number of {ty} blocks per row")),
+    }
+}
+
+/// `general.alignment` of a metadata list, or the default.
+fn kv_alignment(kvs: &[(String, OwnedValue)]) -> Result<u64> {
+    match kvs.iter().find(|(k, _)| k == "general.alignment") {
+        None => Ok(DEFAULT_ALIGNMENT),
+        Some((_, OwnedValue::U32(a))) if a.is_power_of_two() => Ok(*a as u64),
+        Some((_, v)) => {
+            Err(GgufError::Write { reason: format!("general.alignment must be a power-of-two u32, not {v:?}") })
+        }
+    }
+}
+
+/// Everything before the tensor data: header, metadata, tensor infos (name, type, shape, data
+/// bytes), and the padding that aligns the data section.
+fn encode_header<'n>(
+    kvs: &[(String, OwnedValue)],
+    tensors: impl ExactSizeIterator<Item = (&'n str, GgmlType, &'n [u64], u64)>,
+    alignment: u64,
+) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&3u32.to_le_bytes());
+    let n_tensors = tensors.len();
+    out.extend_from_slice(&(n_tensors as u64).to_le_bytes());
+    out.extend_from_slice(&(kvs.len() as u64).to_le_bytes());
+    for (key, value) in kvs {
+        encode_str(key.as_bytes(), &mut out);
+        out.extend_from_slice(&value.value_type().id().to_le_bytes());
+        value.encode(&mut out)?;
+    }
+    let mut offset = 0u64;
+    for (name, ty, shape, bytes) in tensors {
+        encode_str(name.as_bytes(), &mut out);
+        out.extend_from_slice(&(shape.len() as u32).to_le_bytes());
+        for d in shape {
+            out.extend_from_slice(&d.to_le_bytes());
+        }
+        out.extend_from_slice(&ty.id().to_le_bytes());
+        out.extend_from_slice(&offset.to_le_bytes());
+        offset += bytes.next_multiple_of(alignment);
+    }
+    if n_tensors > 0 {
+        out.resize((out.len() as u64).next_multiple_of(alignment) as usize, 0);
+    }
+    Ok(out)
+}
+
 struct PendingTensor<'a> {
     name: String,
     ty: GgmlType,
@@ -153,64 +216,27 @@ impl<'a> GgufWriter<'a> {
     ) -> Result<&mut Self> {
         let name = name.into();
         let data = data.into();
-        let fail = |reason: String| Err(GgufError::Write { reason: format!("tensor '{name}': {reason}") });
-        if shape.len() > MAX_DIMS {
-            return fail(format!("{} dimensions, at most {MAX_DIMS}", shape.len()));
-        }
         if self.tensors.iter().any(|t| t.name == name) {
-            return fail("added twice".into());
+            return Err(GgufError::Write { reason: format!("tensor '{name}': added twice") });
         }
-        let n = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
-        let want = n.and_then(|n| ty.bytes_for(n).filter(|_| shape.first().is_none_or(|d| d % ty.block_size() == 0)));
-        if want != Some(data.len() as u64) {
-            return fail(format!("{} bytes do not match shape {shape:?} of type {ty}", data.len()));
+        let want = tensor_bytes(&name, ty, shape)?;
+        if want != data.len() as u64 {
+            let reason = format!("tensor '{name}': {} bytes do not match shape {shape:?} of type {ty}", data.len());
+            return Err(GgufError::Write { reason });
         }
         self.tensors.push(PendingTensor { name, ty, shape: shape.to_vec(), data });
         Ok(self)
     }
 
-    fn alignment(&self) -> Result<u64> {
-        match self.kvs.iter().find(|(k, _)| k == "general.alignment") {
-            None => Ok(DEFAULT_ALIGNMENT),
-            Some((_, OwnedValue::U32(a))) if a.is_power_of_two() => Ok(*a as u64),
-            Some((_, v)) => {
-                Err(GgufError::Write { reason: format!("general.alignment must be a power-of-two u32, not {v:?}") })
-            }
-        }
-    }
-
     /// Everything before the tensor data: header, metadata, tensor infos, padding.
     fn header(&self, alignment: u64) -> Result<Vec<u8>> {
-        let mut out = Vec::new();
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&3u32.to_le_bytes());
-        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
-        out.extend_from_slice(&(self.kvs.len() as u64).to_le_bytes());
-        for (key, value) in &self.kvs {
-            encode_str(key.as_bytes(), &mut out);
-            out.extend_from_slice(&value.value_type().id().to_le_bytes());
-            value.encode(&mut out)?;
-        }
-        let mut offset = 0u64;
-        for t in &self.tensors {
-            encode_str(t.name.as_bytes(), &mut out);
-            out.extend_from_slice(&(t.shape.len() as u32).to_le_bytes());
-            for d in &t.shape {
-                out.extend_from_slice(&d.to_le_bytes());
-            }
-            out.extend_from_slice(&t.ty.id().to_le_bytes());
-            out.extend_from_slice(&offset.to_le_bytes());
-            offset += (t.data.len() as u64).next_multiple_of(alignment);
-        }
-        if !self.tensors.is_empty() {
-            out.resize((out.len() as u64).next_multiple_of(alignment) as usize, 0);
-        }
-        Ok(out)
+        let infos = self.tensors.iter().map(|t| (t.name.as_str(), t.ty, t.shape.as_slice(), t.data.len() as u64));
+        encode_header(&self.kvs, infos, alignment)
     }
 
     /// Write the file to `w`.
     pub fn write_to(&self, mut w: impl Write) -> Result<()> {
-        let alignment = self.alignment()?;
+        let alignment = kv_alignment(&self.kvs)?;
         let io = |e: io::Error| GgufError::Write { reason: e.to_string() };
         w.write_all(&self.header(alignment)?).map_err(io)?;
         let zeros = vec![0u8; alignment as usize];
@@ -233,5 +259,136 @@ impl<'a> GgufWriter<'a> {
         let path = path.as_ref();
         let f = std::fs::File::create(path).map_err(|source| GgufError::Io { path: path.into(), source })?;
         self.write_to(io::BufWriter::with_capacity(1 << 20, f))
+    }
+}
+
+/// One tensor of a streamed file, declared before any data is written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub name: String,
+    pub ty: GgmlType,
+    /// ggml order (`ne[0]` first), stored exactly as given.
+    pub shape: Vec<u64>,
+}
+
+/// Writes a GGUF v3 file front to back: the header at once, then each tensor's bytes in the
+/// declared order, in as many pieces as the caller likes.
+pub struct GgufStreamWriter<W: Write> {
+    w: W,
+    alignment: u64,
+    /// (name, byte size) of every declared tensor.
+    sizes: Vec<(String, u64)>,
+    /// The tensor being written, and how many of its bytes have been.
+    current: usize,
+    written: u64,
+}
+
+impl<W: Write> GgufStreamWriter<W> {
+    /// Check the tensors against their types, then write the header to `w`.
+    pub fn new(mut w: W, kvs: &[(String, OwnedValue)], tensors: &[TensorInfo]) -> Result<Self> {
+        let alignment = kv_alignment(kvs)?;
+        let mut sizes: Vec<(String, u64)> = Vec::with_capacity(tensors.len());
+        for t in tensors {
+            let bytes = tensor_bytes(&t.name, t.ty, &t.shape)?;
+            if sizes.iter().any(|(n, _)| *n == t.name) {
+                return Err(GgufError::Write { reason: format!("tensor '{}': declared twice", t.name) });
+            }
+            sizes.push((t.name.clone(), bytes));
+        }
+        let infos = tensors.iter().zip(&sizes).map(|(t, (_, b))| (t.name.as_str(), t.ty, t.shape.as_slice(), *b));
+        let header = encode_header(kvs, infos, alignment)?;
+        w.write_all(&header).map_err(write_error)?;
+        Ok(GgufStreamWriter { w, alignment, sizes, current: 0, written: 0 })
+    }
+
+    /// The next bytes of the current tensor.
+    pub fn write_data(&mut self, bytes: &[u8]) -> Result<()> {
+        let Some((name, size)) = self.sizes.get(self.current) else {
+            return Err(GgufError::Write { reason: "data written after the last tensor".into() });
+        };
+        if self.written + bytes.len() as u64 > *size {
+            let reason = format!("tensor '{name}': more than its {size} bytes written");
+            return Err(GgufError::Write { reason });
+        }
+        self.w.write_all(bytes).map_err(write_error)?;
+        self.written += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Close the current tensor (all its bytes must have been written) and pad to the alignment.
+    pub fn end_tensor(&mut self) -> Result<()> {
+        let Some((name, size)) = self.sizes.get(self.current) else {
+            return Err(GgufError::Write { reason: "no tensor left to end".into() });
+        };
+        if self.written != *size {
+            let reason = format!("tensor '{name}': {} of its {size} bytes written", self.written);
+            return Err(GgufError::Write { reason });
+        }
+        let pad = size.next_multiple_of(self.alignment) - size;
+        self.w.write_all(&vec![0u8; pad as usize]).map_err(write_error)?;
+        self.current += 1;
+        self.written = 0;
+        Ok(())
+    }
+
+    /// Check that every tensor was written, flush, and hand back the writer.
+    pub fn finish(mut self) -> Result<W> {
+        if let Some((name, _)) = self.sizes.get(self.current) {
+            return Err(GgufError::Write { reason: format!("tensor '{name}' was never written") });
+        }
+        self.w.flush().map_err(write_error)?;
+        Ok(self.w)
+    }
+}
+
+fn write_error(e: io::Error) -> GgufError {
+    GgufError::Write { reason: e.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streamed_file_equals_the_buffered_one() {
+        let kvs = vec![
+            ("general.architecture".to_string(), OwnedValue::string("llama")),
+            ("x".to_string(), OwnedValue::U32(7)),
+        ];
+        let a: Vec<u8> = (0..34).collect();
+        let b: Vec<u8> = (0..8).collect();
+        let mut buffered = GgufWriter::new();
+        for (k, v) in &kvs {
+            buffered.set(k.clone(), v.clone());
+        }
+        buffered.add_tensor("a", GgmlType::Q8_0, &[32], a.as_slice()).unwrap();
+        buffered.add_tensor("b", GgmlType::F32, &[2, 1], b.as_slice()).unwrap();
+        let infos = [
+            TensorInfo { name: "a".into(), ty: GgmlType::Q8_0, shape: vec![32] },
+            TensorInfo { name: "b".into(), ty: GgmlType::F32, shape: vec![2, 1] },
+        ];
+        let mut s = GgufStreamWriter::new(Vec::new(), &kvs, &infos).unwrap();
+        s.write_data(&a[..10]).unwrap();
+        s.write_data(&a[10..]).unwrap();
+        assert!(s.write_data(&[0]).is_err(), "past the end of a tensor");
+        s.end_tensor().unwrap();
+        s.write_data(&b[..4]).unwrap();
+        assert!(s.end_tensor().is_err(), "short tensor");
+        s.write_data(&b[4..]).unwrap();
+        s.end_tensor().unwrap();
+        assert_eq!(s.finish().unwrap(), buffered.to_bytes().unwrap());
+    }
+
+    #[test]
+    fn stream_refuses_bad_declarations_and_missing_data() {
+        let bad = [TensorInfo { name: "a".into(), ty: GgmlType::Q4_0, shape: vec![33] }];
+        assert!(GgufStreamWriter::new(Vec::new(), &[], &bad).is_err());
+        let twice = [
+            TensorInfo { name: "a".into(), ty: GgmlType::F32, shape: vec![1] },
+            TensorInfo { name: "a".into(), ty: GgmlType::F32, shape: vec![1] },
+        ];
+        assert!(GgufStreamWriter::new(Vec::new(), &[], &twice).is_err());
+        let one = [TensorInfo { name: "a".into(), ty: GgmlType::F32, shape: vec![1] }];
+        assert!(GgufStreamWriter::new(Vec::new(), &[], &one).unwrap().finish().is_err());
     }
 }

@@ -8,6 +8,7 @@ pub mod inspect;
 pub mod logits;
 pub mod model_args;
 pub mod perplexity;
+pub mod quantize;
 pub mod resolve;
 pub mod run;
 pub mod serve;

@@ -5,93 +5,10 @@
 //! byte for byte.
 
 use super::kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K, scale_min_k4};
+use super::lanes::make_qkx2_quants_lanes;
 use super::{half, nearest_int, to_half};
 
 const GROUP_MAX_EPS: f32 = 1e-15;
-
-/// Fit `x ≈ scale * L + min` with L in 0..=nmax, trying `nstep + 1` scales around the range,
-/// minimising the weighted (absolute or squared) error. Returns (scale, -min).
-#[allow(clippy::too_many_arguments)]
-fn make_qkx2_quants(
-    nmax: i32,
-    x: &[f32],
-    weights: &[f32],
-    l_out: &mut [u8],
-    rmin: f32,
-    rdelta: f32,
-    nstep: i32,
-    use_mad: bool,
-) -> (f32, f32) {
-    let n = x.len();
-    let mut min = x[0];
-    let mut max = x[0];
-    let mut sum_w = weights[0];
-    let mut sum_x = sum_w * x[0];
-    for i in 1..n {
-        if x[i] < min {
-            min = x[i];
-        }
-        if x[i] > max {
-            max = x[i];
-        }
-        let w = weights[i];
-        sum_w += w;
-        sum_x += w * x[i];
-    }
-    if min > 0.0 {
-        min = 0.0;
-    }
-    if max == min {
-        l_out.iter_mut().for_each(|l| *l = 0);
-        return (0.0, -min);
-    }
-    let err = |diff: f32| if use_mad { diff.abs() } else { diff * diff };
-    let mut iscale = nmax as f32 / (max - min);
-    let mut scale = 1.0 / iscale;
-    let mut best_error = 0.0f32;
-    for i in 0..n {
-        let l = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
-        l_out[i] = l as u8;
-        best_error += weights[i] * err(scale * l as f32 + min - x[i]);
-    }
-    if nstep < 1 {
-        return (scale, -min);
-    }
-    let mut laux = [0u8; 32];
-    for is in 0..=nstep {
-        iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
-        let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
-        for i in 0..n {
-            let l = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
-            laux[i] = l as u8;
-            let w = weights[i];
-            let lf = l as f32;
-            sum_l += w * lf;
-            sum_l2 += w * lf * lf;
-            sum_xl += w * lf * x[i];
-        }
-        let det = sum_w * sum_l2 - sum_l * sum_l;
-        if det > 0.0 {
-            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
-            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
-            if this_min > 0.0 {
-                this_min = 0.0;
-                this_scale = sum_xl / sum_l2;
-            }
-            let mut cur_error = 0.0f32;
-            for i in 0..n {
-                cur_error += weights[i] * err(this_scale * laux[i] as f32 + this_min - x[i]);
-            }
-            if cur_error < best_error {
-                l_out[..n].copy_from_slice(&laux[..n]);
-                best_error = cur_error;
-                scale = this_scale;
-                min = this_min;
-            }
-        }
-    }
-    (scale, -min)
-}
 
 /// Symmetric fit for Q3_K sub-blocks, refined by coordinate descent; L is stored plus `nmax`.
 fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
@@ -144,56 +61,8 @@ fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
     if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
 }
 
-/// Symmetric fit weighted by x² (ggml's rmse_type 1), trying 18 scales around -nmax / max.
-fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
-    let (mut max, mut amax) = (0.0f32, 0.0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    if amax < GROUP_MAX_EPS {
-        l_out.iter_mut().for_each(|l| *l = 0);
-        return 0.0;
-    }
-    let fit = |iscale: f32| {
-        let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
-        for &xi in x {
-            let l = nearest_int(iscale * xi).clamp(-nmax, nmax - 1) as f32;
-            let w = xi * xi;
-            sumlx += w * xi * l;
-            suml2 += w * l * l;
-        }
-        (sumlx, suml2)
-    };
-    let store = |iscale: f32, l_out: &mut [i8]| {
-        for (l, &xi) in l_out.iter_mut().zip(x) {
-            *l = (nmax + nearest_int(iscale * xi).clamp(-nmax, nmax - 1)) as i8;
-        }
-    };
-    let iscale = -(nmax as f32) / max;
-    store(iscale, l_out);
-    let (sumlx, suml2) = fit(iscale);
-    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
-    let mut best = scale * sumlx;
-    for is in -9..=9 {
-        if is == 0 {
-            continue;
-        }
-        let iscale = -(nmax as f32 + 0.1 * is as f32) / max;
-        let (sumlx, suml2) = fit(iscale);
-        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
-            store(iscale, l_out);
-            scale = sumlx / suml2;
-            best = scale * sumlx;
-        }
-    }
-    scale
-}
-
 /// Pack 2-bit values: byte l of each 32-byte group holds weights l, l+32, l+64, l+96.
-fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8; QK_K / 4]) {
+pub(super) fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8; QK_K / 4]) {
     for (j, group) in qs.chunks_exact_mut(32).enumerate() {
         let base = 128 * j;
         for (i, q) in group.iter_mut().enumerate() {
@@ -207,15 +76,19 @@ pub fn quantize_q2_k(x: &[f32], y: &mut [BlockQ2K]) {
     const Q4SCALE: f32 = 15.0;
     for (b, xs) in y.iter_mut().zip(x.chunks_exact(QK_K)) {
         let mut l = [0u8; QK_K];
-        let mut scales = [0f32; QK_K / 16];
-        let mut mins = [0f32; QK_K / 16];
+        let (scales, mins);
         let (mut max_scale, mut max_min) = (0.0f32, 0.0f32);
+        let weights: [f32; QK_K] = std::array::from_fn(|i| xs[i].abs());
+        (scales, mins) = make_qkx2_quants_lanes::<16, 16>(3, xs, &weights, &mut l, -0.5, 0.1, 15, true);
+        // ggml's `if (v > max) max = v`: a -0.0 min (a flat sub-block) must not win over the
+        // starting +0.0, as `f32::max` may let it once vectorised.
         for j in 0..QK_K / 16 {
-            let sub = &xs[16 * j..16 * j + 16];
-            let weights: [f32; 16] = std::array::from_fn(|i| sub[i].abs());
-            (scales[j], mins[j]) = make_qkx2_quants(3, sub, &weights, &mut l[16 * j..16 * j + 16], -0.5, 0.1, 15, true);
-            max_scale = max_scale.max(scales[j]);
-            max_min = max_min.max(mins[j]);
+            if scales[j] > max_scale {
+                max_scale = scales[j];
+            }
+            if mins[j] > max_min {
+                max_min = mins[j];
+            }
         }
         if max_scale > 0.0 {
             let iscale = Q4SCALE / max_scale;
@@ -313,18 +186,21 @@ fn quantize_k4_scales(
     packed: &mut [u8; 12],
 ) -> [u8; QK_K] {
     let mut l = [0u8; QK_K];
-    let mut scales = [0f32; QK_K / 32];
-    let mut mins = [0f32; QK_K / 32];
+    let av_x: [f32; QK_K / 32] = std::array::from_fn(|j| {
+        let sum_x2 = xs[32 * j..32 * j + 32].iter().fold(0.0f32, |s, v| s + v * v);
+        (sum_x2 / 32.0).sqrt()
+    });
+    let weights: [f32; QK_K] = std::array::from_fn(|i| av_x[i / 32] + xs[i].abs());
+    let (scales, mins) = make_qkx2_quants_lanes::<8, 32>(nmax, xs, &weights, &mut l, rmin, 0.1, nstep, false);
     let (mut max_scale, mut max_min) = (0.0f32, 0.0f32);
+    // As in Q2_K: `f32::max` could keep a -0.0 min.
     for j in 0..QK_K / 32 {
-        let sub = &xs[32 * j..32 * j + 32];
-        let sum_x2 = sub.iter().fold(0.0f32, |s, v| s + v * v);
-        let av_x = (sum_x2 / 32.0).sqrt();
-        let weights: [f32; 32] = std::array::from_fn(|i| av_x + sub[i].abs());
-        (scales[j], mins[j]) =
-            make_qkx2_quants(nmax, sub, &weights, &mut l[32 * j..32 * j + 32], rmin, 0.1, nstep, false);
-        max_scale = max_scale.max(scales[j]);
-        max_min = max_min.max(mins[j]);
+        if scales[j] > max_scale {
+            max_scale = scales[j];
+        }
+        if mins[j] > max_min {
+            max_min = mins[j];
+        }
     }
     let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
@@ -396,10 +272,10 @@ pub fn quantize_q5_k(x: &[f32], y: &mut [BlockQ5K]) {
 pub fn quantize_q6_k(x: &[f32], y: &mut [BlockQ6K]) {
     for (b, xs) in y.iter_mut().zip(x.chunks_exact(QK_K)) {
         let mut l = [0i8; QK_K];
-        let mut scales = [0f32; QK_K / 16];
+        let w: [f32; QK_K] = std::array::from_fn(|i| xs[i] * xs[i]);
+        let scales = super::lanes::make_qx_quants_x16(32, xs, &w, &mut l);
         let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
         for ib in 0..QK_K / 16 {
-            scales[ib] = make_qx_quants(32, &xs[16 * ib..16 * ib + 16], &mut l[16 * ib..16 * ib + 16]);
             if scales[ib].abs() > max_abs_scale {
                 max_abs_scale = scales[ib].abs();
                 max_scale = scales[ib];

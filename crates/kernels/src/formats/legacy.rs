@@ -147,7 +147,7 @@ pub fn quantize_q4_1(x: &[f32], y: &mut [BlockQ4_1]) {
 }
 
 /// Pack 32 five-bit values into nibbles and the high-bit mask.
-fn pack_q5(v: &[u8; QK]) -> ([u8; 4], [u8; QK / 2]) {
+pub(super) fn pack_q5(v: &[u8; QK]) -> ([u8; 4], [u8; QK / 2]) {
     let mut qh = 0u32;
     let mut qs = [0u8; QK / 2];
     for j in 0..QK / 2 {

@@ -1,0 +1,515 @@
+//! Quantization steered by an importance matrix (what ggml's `quantize_q*` do when given one):
+//! each block's scale search minimises the squared error weighted by how much each column
+//! matters, `importance * sqrt(sigma² + x²)`, and the K-quants' sub-block scales and mins are
+//! themselves fitted with those weights.
+//!
+//! Float operations keep ggml's order (left to right, no fused multiply-add), so results match
+//! llama-quantize byte for byte. Quant levels are held as bytes exactly where ggml holds them in
+//! `uint8_t` (a negative level wraps there, and the wrapped value is what later steps see).
+
+use onebit_gguf::GgmlType;
+
+use super::kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, QK_K, q3k_scales, scale_min_k4};
+use super::kquants_quantize::pack_2bit;
+use super::lanes::make_qx_quants_x16;
+use super::legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, pack_q5};
+use super::{blocks_mut, half, nearest_int, to_half};
+use crate::KernelError;
+
+const GROUP_MAX_EPS: f32 = 1e-15;
+
+/// One row of `ty` from `x` with column importances `w` (same length as `x`).
+pub(super) fn quantize_row(ty: GgmlType, x: &[f32], y: &mut [u8], w: &[f32]) -> Result<(), KernelError> {
+    use GgmlType::*;
+    match ty {
+        Q4_0 => q4_0(x, blocks_mut(y), w),
+        Q4_1 => q4_1(x, blocks_mut(y), w),
+        Q5_0 => q5_0(x, blocks_mut(y), w),
+        Q5_1 => q5_1(x, blocks_mut(y), w),
+        Q2_K => q2_k(x, blocks_mut(y), w),
+        Q3_K => q3_k(x, blocks_mut(y), w),
+        Q4_K => q4_k(x, blocks_mut(y), w),
+        Q5_K => q5_k(x, blocks_mut(y), w),
+        Q6_K => q6_k(x, blocks_mut(y), w),
+        other => return Err(KernelError::Unsupported { ty: other, what: "quantization with an importance matrix" }),
+    }
+    Ok(())
+}
+
+/// `sum(x²)` in order.
+fn sum_sq(x: &[f32]) -> f32 {
+    x.iter().fold(0.0f32, |s, v| s + v * v)
+}
+
+/// Column weights of one block: importance times `sqrt(sigma2 + x²)`.
+fn block_weights<const N: usize>(x: &[f32], qw: &[f32], sigma2: f32) -> [f32; N] {
+    std::array::from_fn(|l| qw[l] * (sigma2 + x[l] * x[l]).sqrt())
+}
+
+/// Symmetric fit with explicit weights (ggml's `make_qx_quants`, rmse_type 1): levels
+/// `-nmax..nmax` (stored plus `nmax`), trying 18 scales around `-nmax / max`.
+fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8], w: &[f32]) -> f32 {
+    let (mut max, mut amax) = (0.0f32, 0.0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax < GROUP_MAX_EPS {
+        l_out.iter_mut().for_each(|l| *l = 0);
+        return 0.0;
+    }
+    let level = |iscale: f32, xi: f32| nearest_int(iscale * xi).clamp(-nmax, nmax - 1);
+    let fit = |iscale: f32| {
+        let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
+        for (&xi, &wi) in x.iter().zip(w) {
+            let l = level(iscale, xi) as f32;
+            sumlx += wi * xi * l;
+            suml2 += wi * l * l;
+        }
+        (sumlx, suml2)
+    };
+    let store = |iscale: f32, l_out: &mut [i8]| {
+        for (l, &xi) in l_out.iter_mut().zip(x) {
+            *l = (nmax + level(iscale, xi)) as i8;
+        }
+    };
+    let iscale = -(nmax as f32) / max;
+    store(iscale, l_out);
+    let (sumlx, suml2) = fit(iscale);
+    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
+    let mut best = scale * sumlx;
+    for is in -9..=9 {
+        if is == 0 {
+            continue;
+        }
+        let iscale = -(nmax as f32 + 0.1 * is as f32) / max;
+        let (sumlx, suml2) = fit(iscale);
+        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
+            store(iscale, l_out);
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    scale
+}
+
+/// Asymmetric fit `x ≈ scale * L + min`, L in `0..=nmax`, weighted squared error, trying
+/// `nstep + 1` scales from `rmin` up by `rdelta` (ggml's `make_qkx3_quants`). Returns
+/// (scale, -min).
+fn make_qkx3_quants(
+    nmax: i32,
+    x: &[f32],
+    w: &[f32],
+    l_out: &mut [u8],
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+) -> (f32, f32) {
+    let n = x.len();
+    let (mut min, mut max) = (x[0], x[0]);
+    let mut sum_w = w[0];
+    let mut sum_x = sum_w * x[0];
+    for i in 1..n {
+        if x[i] < min {
+            min = x[i];
+        }
+        if x[i] > max {
+            max = x[i];
+        }
+        sum_w += w[i];
+        sum_x += w[i] * x[i];
+    }
+    if min > 0.0 {
+        min = 0.0;
+    }
+    if max <= min {
+        l_out.iter_mut().for_each(|l| *l = 0);
+        return (0.0, -min);
+    }
+    let mut iscale = nmax as f32 / (max - min);
+    let mut scale = 1.0 / iscale;
+    let mut best = 0.0f32;
+    for i in 0..n {
+        l_out[i] = nearest_int(iscale * (x[i] - min)).clamp(0, nmax) as u8;
+        let diff = scale * l_out[i] as f32 + min - x[i];
+        best += w[i] * (diff * diff);
+    }
+    if nstep < 1 {
+        return (scale, -min);
+    }
+    let mut laux = [0u8; 32];
+    for is in 0..=nstep {
+        iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
+        let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
+        for i in 0..n {
+            let l = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
+            laux[i] = l as u8;
+            let lf = l as f32;
+            sum_l += w[i] * lf;
+            sum_l2 += w[i] * lf * lf;
+            sum_xl += w[i] * lf * x[i];
+        }
+        let det = sum_w * sum_l2 - sum_l * sum_l;
+        if det > 0.0 {
+            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+            if this_min > 0.0 {
+                this_min = 0.0;
+                this_scale = sum_xl / sum_l2;
+            }
+            let mut err = 0.0f32;
+            for i in 0..n {
+                let diff = this_scale * laux[i] as f32 + this_min - x[i];
+                err += w[i] * (diff * diff);
+            }
+            if err < best {
+                l_out[..n].copy_from_slice(&laux[..n]);
+                best = err;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    (scale, -min)
+}
+
+/// Fit non-negative values (sub-block scales or mins) with levels `0..=nmax`, weighted, then
+/// refine levels one at a time (ggml's `make_qp_quants`).
+fn make_qp_quants(nmax: i32, x: &[f32], l_out: &mut [u8], w: &[f32]) -> f32 {
+    let mut max = 0.0f32;
+    for &v in x {
+        if v > max {
+            max = v;
+        }
+    }
+    if max < GROUP_MAX_EPS {
+        l_out.iter_mut().for_each(|l| *l = 0);
+        return 0.0;
+    }
+    let mut iscale = nmax as f32 / max;
+    for (l, &xi) in l_out.iter_mut().zip(x) {
+        *l = nearest_int(iscale * xi) as u8;
+    }
+    let scale = 1.0 / iscale;
+    let mut best = 0.0f32;
+    for i in 0..x.len() {
+        let diff = x[i] - scale * l_out[i] as f32;
+        best += w[i] * diff * diff;
+    }
+    for is in -4..=4 {
+        if is == 0 {
+            continue;
+        }
+        let iscale_is = (0.1 * is as f32 + nmax as f32) / max;
+        let scale_is = 1.0 / iscale_is;
+        let mut err = 0.0f32;
+        for i in 0..x.len() {
+            let l = nearest_int(iscale_is * x[i]).min(nmax);
+            let diff = x[i] - scale_is * l as f32;
+            err += w[i] * diff * diff;
+        }
+        if err < best {
+            best = err;
+            iscale = iscale_is;
+        }
+    }
+    let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
+    for i in 0..x.len() {
+        let l = nearest_int(iscale * x[i]).min(nmax);
+        l_out[i] = l as u8;
+        sumlx += w[i] * x[i] * l as f32;
+        suml2 += w[i] * l as f32 * l as f32;
+    }
+    for _ in 0..5 {
+        let mut changed = false;
+        for i in 0..x.len() {
+            let li = l_out[i] as f32;
+            let mut slx = sumlx - w[i] * x[i] * li;
+            let mut sl2 = suml2 - w[i] * li * li;
+            if slx > 0.0 && sl2 > 0.0 {
+                let new_l = nearest_int(x[i] * sl2 / slx).min(nmax);
+                if new_l != l_out[i] as i32 {
+                    slx += w[i] * x[i] * new_l as f32;
+                    sl2 += w[i] * new_l as f32 * new_l as f32;
+                    if slx * slx * suml2 > sumlx * sumlx * sl2 {
+                        l_out[i] = new_l as u8;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        changed = true;
+                    }
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
+}
+
+/// The row's mean square, the base of the legacy formats' weights.
+fn row_sigma2(x: &[f32]) -> f32 {
+    sum_sq(x) / x.len() as f32
+}
+
+fn q4_0(x: &[f32], y: &mut [BlockQ4_0], qw: &[f32]) {
+    let sigma2 = row_sigma2(x);
+    for (ib, b) in y.iter_mut().enumerate() {
+        let xb = &x[32 * ib..32 * ib + 32];
+        let w: [f32; 32] = block_weights(xb, &qw[32 * ib..], sigma2);
+        let mut l = [0i8; 32];
+        b.d = to_half(make_qx_quants(8, xb, &mut l, &w));
+        for j in 0..16 {
+            b.qs[j] = l[j] as u8 | ((l[j + 16] as u8) << 4);
+        }
+    }
+}
+
+fn q4_1(x: &[f32], y: &mut [BlockQ4_1], qw: &[f32]) {
+    let sigma2 = row_sigma2(x);
+    for (ib, b) in y.iter_mut().enumerate() {
+        let xb = &x[32 * ib..32 * ib + 32];
+        let w: [f32; 32] = block_weights(xb, &qw[32 * ib..], sigma2);
+        let mut l = [0u8; 32];
+        let (d, the_min) = make_qkx3_quants(15, xb, &w, &mut l, -0.9, 0.05, 36);
+        b.d = to_half(d);
+        b.m = to_half(-the_min);
+        for j in 0..16 {
+            b.qs[j] = l[j] | (l[j + 16] << 4);
+        }
+    }
+}
+
+fn q5_0(x: &[f32], y: &mut [BlockQ5_0], qw: &[f32]) {
+    let sigma2 = row_sigma2(x);
+    for (ib, b) in y.iter_mut().enumerate() {
+        let xb = &x[32 * ib..32 * ib + 32];
+        let w: [f32; 32] = block_weights(xb, &qw[32 * ib..], sigma2);
+        let mut l = [0i8; 32];
+        b.d = to_half(make_qx_quants(16, xb, &mut l, &w));
+        (b.qh, b.qs) = pack_q5(&l.map(|v| v as u8));
+    }
+}
+
+fn q5_1(x: &[f32], y: &mut [BlockQ5_1], qw: &[f32]) {
+    let sigma2 = row_sigma2(x);
+    for (ib, b) in y.iter_mut().enumerate() {
+        let xb = &x[32 * ib..32 * ib + 32];
+        let w: [f32; 32] = block_weights(xb, &qw[32 * ib..], sigma2);
+        let mut l = [0u8; 32];
+        let (d, the_min) = make_qkx3_quants(31, xb, &w, &mut l, -0.9, 0.05, 36);
+        b.d = to_half(d);
+        b.m = to_half(-the_min);
+        (b.qh, b.qs) = pack_q5(&l);
+    }
+}
+
+fn q2_k(x: &[f32], y: &mut [BlockQ2K], qw: &[f32]) {
+    for (i, (b, xs)) in y.iter_mut().zip(x.chunks_exact(QK_K)).enumerate() {
+        let qw = &qw[QK_K * i..];
+        let sigma2 = sum_sq(xs) / QK_K as f32;
+        let mut l = [0u8; QK_K];
+        let (mut scales, mut mins, mut sw) = ([0f32; 16], [0f32; 16], [0f32; 16]);
+        for j in 0..16 {
+            let sub = &xs[16 * j..16 * j + 16];
+            let w: [f32; 16] = block_weights(sub, &qw[16 * j..], sigma2);
+            sw[j] = w.iter().fold(0.0f32, |s, v| s + v);
+            (scales[j], mins[j]) = make_qkx3_quants(3, sub, &w, &mut l[16 * j..16 * j + 16], -0.9, 0.05, 36);
+        }
+        let (mut ls, mut lm) = ([0u8; 16], [0u8; 16]);
+        let dm = make_qp_quants(15, &scales, &mut ls, &sw);
+        let mm = make_qp_quants(15, &mins, &mut lm, &sw);
+        b.d = to_half(dm);
+        b.dmin = to_half(mm);
+        let (dm, mm) = (half(b.d), half(b.dmin));
+        for j in 0..16 {
+            b.scales[j] = ls[j] | (lm[j] << 4);
+        }
+        for j in 0..16 {
+            let d = dm * (b.scales[j] & 0x0f) as f32;
+            if d == 0.0 {
+                continue;
+            }
+            let m = mm * (b.scales[j] >> 4) as f32;
+            for ii in 0..16 {
+                l[16 * j + ii] = nearest_int((xs[16 * j + ii] + m) / d).clamp(0, 3) as u8;
+            }
+        }
+        pack_2bit(&l, &mut b.qs);
+    }
+}
+
+fn q3_k(x: &[f32], y: &mut [BlockQ3K], qw: &[f32]) {
+    for (i, (b, xs)) in y.iter_mut().zip(x.chunks_exact(QK_K)).enumerate() {
+        let qw = &qw[QK_K * i..];
+        let sigma2 = 2.0 * sum_sq(xs) / QK_K as f32;
+        let mut l = [0i8; QK_K];
+        let w: [f32; QK_K] = block_weights(xs, qw, sigma2);
+        let sw: [f32; 16] = std::array::from_fn(|j| w[16 * j..16 * j + 16].iter().fold(0.0f32, |s, v| s + v));
+        let scales = make_qx_quants_x16(4, xs, &w, &mut l);
+        b.scales = [0; 12];
+        let mut ls = [0i8; 16];
+        let d_block = make_qx_quants(32, &scales, &mut ls, &sw);
+        for (j, &lv) in ls.iter().enumerate() {
+            let lv = lv as i32;
+            if j < 8 {
+                b.scales[j] = (lv & 0x0f) as u8;
+            } else {
+                b.scales[j - 8] |= ((lv & 0x0f) << 4) as u8;
+            }
+            b.scales[j % 4 + 8] |= ((lv >> 4) << (2 * (j / 4))) as u8;
+        }
+        b.d = to_half(d_block);
+        let sc = q3k_scales(&b.scales);
+        for j in 0..16 {
+            let d = half(b.d) * sc[j] as f32;
+            if d == 0.0 {
+                continue;
+            }
+            for ii in 0..16 {
+                l[16 * j + ii] = (nearest_int(xs[16 * j + ii] / d).clamp(-4, 3) + 4) as i8;
+            }
+        }
+        b.hmask = [0; QK_K / 8];
+        let mut lu = [0u8; QK_K];
+        for (j, (&v, out)) in l.iter().zip(lu.iter_mut()).enumerate() {
+            let mut v = v as u8;
+            if v > 3 {
+                b.hmask[j % (QK_K / 8)] |= 1 << (j / (QK_K / 8));
+                v -= 4;
+            }
+            *out = v;
+        }
+        pack_2bit(&lu, &mut b.qs);
+    }
+}
+
+/// Q4_K and Q5_K: weighted sub-block fits, then weighted 6-bit scales and mins; returns the
+/// quant levels (`0..=nmax`).
+fn k4_levels(
+    xs: &[f32],
+    qw: &[f32],
+    nmax: i32,
+    clip63: bool,
+    d: &mut [u8; 2],
+    dmin: &mut [u8; 2],
+    packed: &mut [u8; 12],
+) -> [u8; QK_K] {
+    let sigma2 = 2.0 * sum_sq(xs) / QK_K as f32;
+    let mut l = [0u8; QK_K];
+    let (mut scales, mut mins, mut sw) = ([0f32; 8], [0f32; 8], [0f32; 8]);
+    for j in 0..8 {
+        let sub = &xs[32 * j..32 * j + 32];
+        let w: [f32; 32] = block_weights(sub, &qw[32 * j..], sigma2);
+        sw[j] = w.iter().fold(0.0f32, |s, v| s + v);
+        (scales[j], mins[j]) = make_qkx3_quants(nmax, sub, &w, &mut l[32 * j..32 * j + 32], -0.9, 0.05, 36);
+    }
+    let (mut ls, mut lm) = ([0u8; 8], [0u8; 8]);
+    let d_block = make_qp_quants(63, &scales, &mut ls, &sw);
+    let m_block = make_qp_quants(63, &mins, &mut lm, &sw);
+    *packed = [0; 12];
+    for j in 0..8 {
+        let (s, m) = if clip63 { (ls[j].min(63), lm[j].min(63)) } else { (ls[j], lm[j]) };
+        if j < 4 {
+            packed[j] = s;
+            packed[j + 4] = m;
+        } else {
+            packed[j + 4] = (s & 0x0f) | ((m & 0x0f) << 4);
+            packed[j - 4] |= (s >> 4) << 6;
+            packed[j] |= (m >> 4) << 6;
+        }
+    }
+    *d = to_half(d_block);
+    *dmin = to_half(m_block);
+    for j in 0..8 {
+        let (sc, m) = scale_min_k4(j, packed);
+        let dj = half(*d) * sc as f32;
+        if dj == 0.0 {
+            continue;
+        }
+        let dm = half(*dmin) * m as f32;
+        for ii in 0..32 {
+            l[32 * j + ii] = nearest_int((xs[32 * j + ii] + dm) / dj).clamp(0, nmax) as u8;
+        }
+    }
+    l
+}
+
+fn q4_k(x: &[f32], y: &mut [BlockQ4K], qw: &[f32]) {
+    for (i, (b, xs)) in y.iter_mut().zip(x.chunks_exact(QK_K)).enumerate() {
+        let l = k4_levels(xs, &qw[QK_K * i..], 15, false, &mut b.d, &mut b.dmin, &mut b.scales);
+        for (j, q) in b.qs.chunks_exact_mut(32).enumerate() {
+            for (ii, qb) in q.iter_mut().enumerate() {
+                *qb = l[64 * j + ii] | (l[64 * j + ii + 32] << 4);
+            }
+        }
+    }
+}
+
+fn q5_k(x: &[f32], y: &mut [BlockQ5K], qw: &[f32]) {
+    for (i, (b, xs)) in y.iter_mut().zip(x.chunks_exact(QK_K)).enumerate() {
+        let l = k4_levels(xs, &qw[QK_K * i..], 31, true, &mut b.d, &mut b.dmin, &mut b.scales);
+        b.qh = [0; QK_K / 8];
+        let (mut m1, mut m2) = (1u8, 2u8);
+        for (n, ql) in b.qs.chunks_exact_mut(32).enumerate() {
+            for (j, q) in ql.iter_mut().enumerate() {
+                let (mut l1, mut l2) = (l[64 * n + j], l[64 * n + j + 32]);
+                if l1 > 15 {
+                    l1 -= 16;
+                    b.qh[j] |= m1;
+                }
+                if l2 > 15 {
+                    l2 -= 16;
+                    b.qh[j] |= m2;
+                }
+                *q = l1 | (l2 << 4);
+            }
+            m1 <<= 2;
+            m2 <<= 2;
+        }
+    }
+}
+
+fn q6_k(x: &[f32], y: &mut [BlockQ6K], qw: &[f32]) {
+    for (i, (b, xs)) in y.iter_mut().zip(x.chunks_exact(QK_K)).enumerate() {
+        let qw = &qw[QK_K * i..];
+        let mut l = [0i8; QK_K];
+        let scales = make_qx_quants_x16(32, xs, &qw[..QK_K], &mut l);
+        let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
+        for ib in 0..16 {
+            if scales[ib].abs() > max_abs_scale {
+                max_abs_scale = scales[ib].abs();
+                max_scale = scales[ib];
+            }
+        }
+        if max_abs_scale < GROUP_MAX_EPS {
+            *b = bytemuck::Zeroable::zeroed();
+            continue;
+        }
+        let iscale = -128.0 / max_scale;
+        b.d = to_half(1.0 / iscale);
+        for (s, &sc) in b.scales.iter_mut().zip(&scales) {
+            *s = nearest_int(iscale * sc).min(127) as i8;
+        }
+        for j in 0..16 {
+            let d = half(b.d) * b.scales[j] as f32;
+            if d == 0.0 {
+                continue;
+            }
+            for ii in 0..16 {
+                l[16 * j + ii] = (nearest_int(xs[16 * j + ii] / d).clamp(-32, 31) + 32) as i8;
+            }
+        }
+        for n in 0..2 {
+            let (ql, qh) = (&mut b.ql[64 * n..64 * n + 64], &mut b.qh[32 * n..32 * n + 32]);
+            let lv = |i: usize| l[128 * n + i] as u8;
+            for i in 0..32 {
+                ql[i] = (lv(i) & 0x0f) | ((lv(i + 64) & 0x0f) << 4);
+                ql[i + 32] = (lv(i + 32) & 0x0f) | ((lv(i + 96) & 0x0f) << 4);
+                qh[i] = (lv(i) >> 4) | ((lv(i + 32) >> 4) << 2) | ((lv(i + 64) >> 4) << 4) | ((lv(i + 96) >> 4) << 6);
+            }
+        }
+    }
+}
