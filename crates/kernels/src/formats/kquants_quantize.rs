@@ -138,41 +138,54 @@ pub fn quantize_q3_k(x: &[f32], y: &mut [BlockQ3K]) {
         b.scales = [0; 12];
         if max_scale != 0.0 {
             let iscale = -32.0 / max_scale;
-            for (j, &s) in scales.iter().enumerate() {
-                let lv = (nearest_int(iscale * s) as i8).clamp(-32, 31) as i32 + 32;
-                if j < 8 {
-                    b.scales[j] = (lv & 0x0f) as u8;
-                } else {
-                    b.scales[j - 8] |= ((lv & 0x0f) << 4) as u8;
-                }
-                b.scales[j % 4 + 8] |= ((lv >> 4) << (2 * (j / 4))) as u8;
-            }
+            b.scales = q3k_pack_scales(scales.map(|s| (nearest_int(iscale * s) as i8).clamp(-32, 31) as i32 + 32));
             b.d = to_half(1.0 / iscale);
         } else {
             b.d = to_half(0.0);
         }
-        let sc = super::kquants::q3k_scales(&b.scales);
-        for j in 0..QK_K / 16 {
-            let d = half(b.d) * sc[j] as f32;
-            if d == 0.0 {
-                continue;
-            }
-            for ii in 0..16 {
-                l[16 * j + ii] = (nearest_int(xs[16 * j + ii] / d).clamp(-4, 3) + 4) as i8;
-            }
-        }
-        b.hmask = [0; QK_K / 8];
-        let mut lu = [0u8; QK_K];
-        for (j, (&v, out)) in l.iter().zip(lu.iter_mut()).enumerate() {
-            let mut v = v as u8;
-            if v > 3 {
-                b.hmask[j % (QK_K / 8)] |= 1 << (j / (QK_K / 8));
-                v -= 4;
-            }
-            *out = v;
-        }
-        pack_2bit(&lu, &mut b.qs);
+        q3k_finish(b, xs, &mut l);
     }
+}
+
+/// Sixteen 6-bit Q3_K scale levels (0..64) packed into its 12 scale bytes.
+pub(super) fn q3k_pack_scales(levels: [i32; 16]) -> [u8; 12] {
+    let mut packed = [0u8; 12];
+    for (j, lv) in levels.into_iter().enumerate() {
+        if j < 8 {
+            packed[j] = (lv & 0x0f) as u8;
+        } else {
+            packed[j - 8] |= ((lv & 0x0f) << 4) as u8;
+        }
+        packed[j % 4 + 8] |= ((lv >> 4) << (2 * (j / 4))) as u8;
+    }
+    packed
+}
+
+/// Q3_K's last steps once its scales and `d` are set: every weight rounded again against its
+/// packed sub-block scale (left as fitted in `l` where that scale is 0), then the high bits
+/// into `hmask` and the low two into `qs`.
+pub(super) fn q3k_finish(b: &mut BlockQ3K, xs: &[f32], l: &mut [i8; QK_K]) {
+    let sc = super::kquants::q3k_scales(&b.scales);
+    for j in 0..QK_K / 16 {
+        let d = half(b.d) * sc[j] as f32;
+        if d == 0.0 {
+            continue;
+        }
+        for ii in 0..16 {
+            l[16 * j + ii] = (nearest_int(xs[16 * j + ii] / d).clamp(-4, 3) + 4) as i8;
+        }
+    }
+    b.hmask = [0; QK_K / 8];
+    let mut lu = [0u8; QK_K];
+    for (j, (&v, out)) in l.iter().zip(lu.iter_mut()).enumerate() {
+        let mut v = v as u8;
+        if v > 3 {
+            b.hmask[j % (QK_K / 8)] |= 1 << (j / (QK_K / 8));
+            v -= 4;
+        }
+        *out = v;
+    }
+    pack_2bit(&lu, &mut b.qs);
 }
 
 /// Shared by Q4_K and Q5_K: sub-block fits, then 6-bit scales and mins. Returns the quants.

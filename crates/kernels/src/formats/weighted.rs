@@ -9,8 +9,8 @@
 
 use onebit_gguf::GgmlType;
 
-use super::kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, QK_K, q3k_scales, scale_min_k4};
-use super::kquants_quantize::pack_2bit;
+use super::kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, QK_K, scale_min_k4};
+use super::kquants_quantize::{pack_2bit, q3k_finish, q3k_pack_scales};
 use super::lanes::make_qx_quants_x16;
 use super::legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, pack_q5};
 use super::{blocks_mut, half, nearest_int, to_half};
@@ -349,40 +349,11 @@ fn q3_k(x: &[f32], y: &mut [BlockQ3K], qw: &[f32]) {
         let w: [f32; QK_K] = block_weights(xs, qw, sigma2);
         let sw: [f32; 16] = std::array::from_fn(|j| w[16 * j..16 * j + 16].iter().fold(0.0f32, |s, v| s + v));
         let scales = make_qx_quants_x16(4, xs, &w, &mut l);
-        b.scales = [0; 12];
         let mut ls = [0i8; 16];
         let d_block = make_qx_quants(32, &scales, &mut ls, &sw);
-        for (j, &lv) in ls.iter().enumerate() {
-            let lv = lv as i32;
-            if j < 8 {
-                b.scales[j] = (lv & 0x0f) as u8;
-            } else {
-                b.scales[j - 8] |= ((lv & 0x0f) << 4) as u8;
-            }
-            b.scales[j % 4 + 8] |= ((lv >> 4) << (2 * (j / 4))) as u8;
-        }
+        b.scales = q3k_pack_scales(ls.map(i32::from));
         b.d = to_half(d_block);
-        let sc = q3k_scales(&b.scales);
-        for j in 0..16 {
-            let d = half(b.d) * sc[j] as f32;
-            if d == 0.0 {
-                continue;
-            }
-            for ii in 0..16 {
-                l[16 * j + ii] = (nearest_int(xs[16 * j + ii] / d).clamp(-4, 3) + 4) as i8;
-            }
-        }
-        b.hmask = [0; QK_K / 8];
-        let mut lu = [0u8; QK_K];
-        for (j, (&v, out)) in l.iter().zip(lu.iter_mut()).enumerate() {
-            let mut v = v as u8;
-            if v > 3 {
-                b.hmask[j % (QK_K / 8)] |= 1 << (j / (QK_K / 8));
-                v -= 4;
-            }
-            *out = v;
-        }
-        pack_2bit(&lu, &mut b.qs);
+        q3k_finish(b, xs, &mut l);
     }
 }
 
