@@ -11,34 +11,11 @@ use std::sync::Mutex;
 use onebit_gguf::GgmlType;
 use onebit_kernels::{BatchRounding, KernelTier, Pool};
 use onebit_model::{BLOCK_TOKENS, Device, KvType, LogitsWanted, Model, ModelOptions, Scratch, SeqInput};
+use onebit_testkit::{argmax, margin_over_std, position_error};
 use serde_json::Value;
 
 /// The models use all cores; run one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-/// Per position: the largest |ours - ref| / std over the reference's top-40 ids.
-fn position_error(ours: &[f32], pos: &Value) -> f64 {
-    let std = pos["std"].as_f64().unwrap();
-    pos["top"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| (ours[e[0].as_u64().unwrap() as usize] as f64 - e[1].as_f64().unwrap()).abs() / std)
-        .fold(0.0, f64::max)
-}
-
-fn argmax(x: &[f32]) -> usize {
-    x.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0
-}
-
-/// Margin between the best and second-best logit, over the std of all logits.
-fn margin_over_std(x: &[f32]) -> f64 {
-    let mut v: Vec<f32> = x.to_vec();
-    v.sort_by(|a, b| b.total_cmp(a));
-    let mean = x.iter().map(|&v| v as f64).sum::<f64>() / x.len() as f64;
-    let std = (x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / x.len() as f64).sqrt();
-    (v[0] - v[1]) as f64 / std
-}
 
 #[derive(Default)]
 struct Stats {

@@ -83,3 +83,29 @@ pub fn demo_model() -> Option<PathBuf> {
     eprintln!("skipping: {DEMO_MODEL} is not in onebit's cache (run `make fetch-model`)");
     None
 }
+
+/// Largest |ours - reference| / std over a fixture position's top-40 ids (the parity rule of
+/// `../shared/fixtures/README.md`).
+pub fn position_error(ours: &[f32], pos: &serde_json::Value) -> f64 {
+    let std = pos["std"].as_f64().unwrap();
+    pos["top"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (ours[e[0].as_u64().unwrap() as usize] as f64 - e[1].as_f64().unwrap()).abs() / std)
+        .fold(0.0, f64::max)
+}
+
+/// Index of the largest logit (the first of equals).
+pub fn argmax(x: &[f32]) -> usize {
+    x.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0
+}
+
+/// Margin between the best and second-best logit, over the std of all logits.
+pub fn margin_over_std(x: &[f32]) -> f64 {
+    let mut v: Vec<f32> = x.to_vec();
+    v.sort_by(|a, b| b.total_cmp(a));
+    let mean = x.iter().map(|&v| v as f64).sum::<f64>() / x.len() as f64;
+    let std = (x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / x.len() as f64).sqrt();
+    (v[0] - v[1]) as f64 / std
+}
