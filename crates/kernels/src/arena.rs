@@ -42,8 +42,14 @@ impl Arena {
     /// `len` zero bytes, or `None` when the system will not reserve them. On unix a fresh
     /// anonymous mapping (zero pages, faulted in by whichever thread first writes them, no swap
     /// reserved); from 2 MiB up it starts on a 2 MiB boundary and is advised for huge pages.
-    #[cfg(unix)]
     pub fn try_zeroed(len: usize) -> Option<Arena> {
+        Arena::try_zeroed_paged(len, true)
+    }
+
+    /// [`Arena::try_zeroed`], advised for huge pages only when `huge` (see
+    /// [`Arena::advise_huge`] for advising parts later).
+    #[cfg(unix)]
+    pub fn try_zeroed_paged(len: usize, huge: bool) -> Option<Arena> {
         if len == 0 {
             return Some(Arena { ptr: std::ptr::NonNull::dangling(), len: 0, map_len: 0 });
         }
@@ -83,7 +89,7 @@ impl Arena {
             }
         }
         #[cfg(target_os = "linux")]
-        if len >= HUGE {
+        if huge && len >= HUGE {
             // SAFETY: the range is our own mapping; MADV_HUGEPAGE changes how its pages are
             // backed, never their contents. Advice only: failure changes nothing.
             unsafe { libc::madvise(start as *mut libc::c_void, map_len, libc::MADV_HUGEPAGE) };
@@ -94,7 +100,7 @@ impl Arena {
 
     /// `len` zero bytes, 64-byte aligned, or `None` when they cannot be allocated.
     #[cfg(not(unix))]
-    pub fn try_zeroed(len: usize) -> Option<Arena> {
+    pub fn try_zeroed_paged(len: usize, _huge: bool) -> Option<Arena> {
         if len == 0 {
             return Some(Arena { ptr: std::ptr::NonNull::dangling(), len: 0, layout: None });
         }
@@ -103,6 +109,25 @@ impl Arena {
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = std::ptr::NonNull::new(p)?;
         Some(Arena { ptr, len, layout: Some(layout) })
+    }
+
+    /// Advise the whole huge pages inside `range` for huge pages (where the system has them):
+    /// for a buffer whose first pages are touched sparsely (one small write each, where a huge
+    /// page would make 2 MiB resident) and whose later parts are read in long runs.
+    pub fn advise_huge(&self, range: std::ops::Range<usize>) {
+        #[cfg(target_os = "linux")]
+        {
+            let base = self.ptr.as_ptr() as usize;
+            let start = (base + range.start).next_multiple_of(HUGE);
+            let end = (base + range.end.min(self.len)) / HUGE * HUGE;
+            if end > start {
+                // SAFETY: the range lies inside our own mapping; MADV_HUGEPAGE changes how its
+                // pages are backed, never their contents. Advice only: failure changes nothing.
+                unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = range;
     }
 
     pub fn len(&self) -> usize {

@@ -1,6 +1,8 @@
 //! The single dispatch point: a [`Kernels`] value picks one tier's function table at load
 //! time, and every caller goes through it. No `cfg` or feature checks outside this crate.
 
+use std::path::Path;
+
 use onebit_gguf::GgmlType;
 
 use crate::KernelError;
@@ -8,7 +10,8 @@ use crate::act::{ActFormat, Acts};
 use crate::arena::Arena;
 use crate::disjoint::DisjointRows;
 use crate::matmul::{MatRef, OutPtr, RowKernel};
-use crate::pack::{PackedMat, Packer};
+use crate::pack::{PackedMat, PackedStore, Packer};
+use crate::pack_cache::{self, Header};
 use crate::pool::Pool;
 use crate::tier::KernelTier;
 
@@ -397,7 +400,19 @@ impl Kernels {
     /// does, but all into one [`Arena`] (huge pages, one allocation for a whole model), one
     /// matrix after another with the pool's threads sharing each. `done(i)` is called once
     /// matrix `i` is packed (e.g. to let its file pages go).
-    pub fn pack_all(&self, pool: &Pool, mats: &[MatRef], done: &mut dyn FnMut(usize)) -> Vec<Option<PackedMat>> {
+    ///
+    /// With `cache` (a file path, and a `source` string naming the weights' origin, e.g. the
+    /// model file with its size and modification time), a cache file written by an earlier load
+    /// of the same weights on the same tier is mapped instead, and nothing is repacked; on a
+    /// miss the weights are repacked and the file is written for the next load (a failure to
+    /// write it is returned beside the result, which stands without it).
+    pub fn pack_all(
+        &self,
+        pool: &Pool,
+        mats: &[MatRef],
+        done: &mut dyn FnMut(usize),
+        cache: Option<(&Path, &str)>,
+    ) -> (Vec<Option<PackedMat>>, Option<std::io::Error>) {
         let packers: Vec<Option<Packer>> = mats.iter().map(|w| self.packer(w)).collect();
         // Each matrix starts on a 64-byte boundary (rows of 16-row groups need not end on one).
         let mut ranges = Vec::with_capacity(mats.len());
@@ -410,20 +425,31 @@ impl Kernels {
             }));
         }
         if len == 0 {
-            return mats.iter().map(|_| None).collect();
+            return (mats.iter().map(|_| None).collect(), None);
         }
-        let mut arena = Arena::zeroed(len);
-        {
-            let bytes = arena.bytes_mut();
-            for (i, ((w, p), r)) in mats.iter().zip(&packers).zip(&ranges).enumerate() {
-                if let (Some(p), Some(r)) = (p, r) {
-                    p.pack_into(w, pool, &mut bytes[r.clone()]);
-                    done(i);
+        let cache = cache.map(|(path, source)| (path, Header::new(self.tier, source, mats, &ranges, len)));
+        let mut failed = None;
+        let store = match cache.as_ref().and_then(|(path, header)| pack_cache::open(path, header, len)) {
+            Some(map) => PackedStore::File(map),
+            None => {
+                let mut arena = Arena::zeroed(len);
+                let bytes = arena.bytes_mut();
+                for (i, ((w, p), r)) in mats.iter().zip(&packers).zip(&ranges).enumerate() {
+                    if let (Some(p), Some(r)) = (p, r) {
+                        p.pack_into(w, pool, &mut bytes[r.clone()]);
+                        done(i);
+                    }
                 }
+                if let Some((path, header)) = &cache {
+                    failed = pack_cache::save(path, header, arena.bytes()).err();
+                }
+                PackedStore::Arena(arena)
             }
-        }
-        let arena = std::sync::Arc::new(arena);
-        mats.iter().zip(packers).zip(ranges).map(|((w, p), r)| Some(p?.packed(w, arena.clone(), r?))).collect()
+        };
+        let store = std::sync::Arc::new(store);
+        let packed =
+            mats.iter().zip(packers).zip(ranges).map(|((w, p), r)| Some(p?.packed(w, store.clone(), r?))).collect();
+        (packed, failed)
     }
 
     // Shapes are checked here, once for every tier: the SIMD tiers load and store whole

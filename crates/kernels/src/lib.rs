@@ -21,6 +21,7 @@ mod dispatch;
 pub mod formats;
 pub mod matmul;
 pub mod pack;
+mod pack_cache;
 pub mod pool;
 pub mod scalar;
 pub mod tier;
@@ -31,7 +32,7 @@ pub use act::{ActFormat, Acts};
 pub use disjoint::DisjointRows;
 pub use dispatch::{BatchRounding, Kernels, Pages};
 pub use matmul::MatRef;
-pub use pack::{PackedMat, Packer};
+pub use pack::{PackedMat, PackedStore, Packer};
 pub use pool::{PerThread, Pool};
 pub use tier::KernelTier;
 

@@ -33,8 +33,24 @@ pub const Q1_GROUP_BLOCK: usize = 2 * GROUP + 4 * 4 * 64;
 /// Rows per group of the 16-row layout.
 pub const LEGACY_GROUP: usize = 16;
 
+/// Where packed matrices live: memory of their own, or a cache file's mapping (see
+/// `pack_cache`).
+pub enum PackedStore {
+    Arena(Arena),
+    File(memmap2::Mmap),
+}
+
+impl PackedStore {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            PackedStore::Arena(a) => a.bytes(),
+            PackedStore::File(m) => m,
+        }
+    }
+}
+
 /// A matrix in a kernel's own layout, owned (it replaces the file's copy in memory): its own
-/// [`Arena`], or its part of one that holds a whole model's packed matrices.
+/// [`Arena`], or its part of one store that holds a whole model's packed matrices.
 pub struct PackedMat {
     pub ty: GgmlType,
     pub rows: usize,
@@ -42,7 +58,7 @@ pub struct PackedMat {
     /// Rows per interleaved group.
     pub group_rows: usize,
     group_bytes: usize,
-    arena: Arc<Arena>,
+    arena: Arc<PackedStore>,
     range: Range<usize>,
     /// (ty, rows, cols, group_rows) as packed: the public fields can be changed, this cannot.
     packed_as: (GgmlType, usize, usize, usize),
@@ -165,9 +181,9 @@ impl Packer {
     }
 
     /// The packed matrix of `w` held in `arena[range]`, where [`Packer::pack_into`] put it.
-    pub fn packed(&self, w: &MatRef, arena: Arc<Arena>, range: Range<usize>) -> PackedMat {
+    pub fn packed(&self, w: &MatRef, arena: Arc<PackedStore>, range: Range<usize>) -> PackedMat {
         assert_eq!(range.len(), self.packed_len(w), "packed length");
-        assert!(range.end <= arena.len(), "range outside the arena");
+        assert!(range.end <= arena.bytes().len(), "range outside the arena");
         PackedMat {
             ty: w.ty,
             rows: w.rows,
@@ -185,7 +201,7 @@ impl Packer {
         let len = self.packed_len(w);
         let mut arena = Arena::zeroed(len);
         self.pack_into(w, pool, arena.bytes_mut());
-        self.packed(w, Arc::new(arena), 0..len)
+        self.packed(w, Arc::new(PackedStore::Arena(arena)), 0..len)
     }
 }
 

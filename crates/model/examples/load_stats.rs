@@ -1,12 +1,12 @@
 //! Load a model and report how long it took and how much memory is resident, before and after
 //! one decode step with a cache of the given context size.
 //!
-//! `cargo run --release -p onebit-model --example load_stats -- MODEL.gguf [CTX]`
+//! `cargo run --release -p onebit-model --example load_stats -- MODEL.gguf [CTX [PACK_CACHE_DIR]]`
 
 use std::time::Instant;
 
 use onebit_kernels::Pool;
-use onebit_model::{LogitsWanted, Model, ModelOptions, Scratch};
+use onebit_model::{LogitsWanted, Model, ModelOptions, PackCache, Scratch};
 
 fn rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -23,10 +23,11 @@ fn rss_mib() -> f64 {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let path = args.next().ok_or("usage: load_stats MODEL.gguf [CTX]")?;
+    let path = args.next().ok_or("usage: load_stats MODEL.gguf [CTX [PACK_CACHE_DIR]]")?;
     let ctx: usize = args.next().map(|c| c.parse()).transpose()?.unwrap_or(4096);
+    let options = ModelOptions { pack_cache: args.next().map(PackCache::new), ..ModelOptions::default() };
     let t0 = Instant::now();
-    let model = Model::load(&path, &ModelOptions::default())?;
+    let model = Model::load(&path, &options)?;
     let load = t0.elapsed();
     println!(
         "loaded {path} in {:.1} ms, RSS {:.1} MiB (kernels: {})",

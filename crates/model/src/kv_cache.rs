@@ -150,6 +150,24 @@ impl std::fmt::Debug for KvPool {
     }
 }
 
+/// A host pool's zeroed bytes: `n_layers` regions of keys then values. Huge pages except for
+/// each region's first superblock: a sequence's first token writes one row into it per layer
+/// and head, which with huge pages would fault in (and zero) 2 MiB per layer and kind at once,
+/// a large part of a first token's time. Attention over long contexts reads the rest in long
+/// runs, where huge pages save TLB misses.
+fn host_arena(total: usize, n_layers: usize, sizes: [usize; 2], n_blocks: usize) -> Option<Arena> {
+    let arena = Arena::try_zeroed_paged(total, false)?;
+    let first = SUPER_BLOCKS.min(n_blocks);
+    let mut at = 0;
+    for _ in 0..n_layers {
+        for size in sizes {
+            arena.advise_huge(at + size / n_blocks.max(1) * first..at + size);
+            at += size;
+        }
+    }
+    Some(arena)
+}
+
 impl KvPool {
     /// Bytes one block takes for `config`'s model.
     pub fn block_bytes(config: &Config, kv_type: KvType) -> usize {
@@ -181,7 +199,9 @@ impl KvPool {
         let (k_bytes, v_bytes) = (layer(config.head_dim)?, layer(config.value_dim)?);
         let total = (k_bytes + v_bytes).checked_mul(config.n_layers).ok_or_else(too_big)?;
         let buf = match gpu {
-            None => Storage::Host(Arena::try_zeroed(total).ok_or_else(too_big)?),
+            None => {
+                Storage::Host(host_arena(total, config.n_layers, [k_bytes, v_bytes], n_blocks).ok_or_else(too_big)?)
+            }
             Some(gpu) => {
                 if kv_type == KvType::Q8_0 {
                     return Err(ModelError::Unsupported("a q8_0 KV cache on the GPU (use f16 or f32)".into()));

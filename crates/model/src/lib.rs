@@ -29,7 +29,7 @@ mod moe;
 mod rope;
 mod weights;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use onebit_gguf::GgufModel;
 use onebit_kernels::{BatchRounding, KernelTier, Kernels, Pool};
@@ -89,6 +89,25 @@ pub struct ModelOptions {
     pub batch_rounding: BatchRounding,
     /// Threads that repack the weights at load (None: every core).
     pub threads: Option<usize>,
+    /// Where to keep repacked weights between loads (see [`Model::load`]); None repacks at
+    /// every load.
+    pub pack_cache: Option<PackCache>,
+}
+
+/// A folder for models' repacked weights, and the smallest model worth a file there.
+#[derive(Clone, Debug)]
+pub struct PackCache {
+    pub dir: PathBuf,
+    /// Model files smaller than this repack at every load (it takes milliseconds) rather
+    /// than leave a file behind.
+    pub min_bytes: u64,
+}
+
+impl PackCache {
+    /// `dir`, for models of 64 MiB and more.
+    pub fn new(dir: impl Into<PathBuf>) -> PackCache {
+        PackCache { dir: dir.into(), min_bytes: 64 << 20 }
+    }
 }
 
 /// A loaded model: its file mapped in memory, its weights and kernels.
@@ -103,6 +122,26 @@ pub struct Model {
     file: GgufModel,
 }
 
+/// The cache file for `file`'s repacked weights, and the source string that its header must
+/// carry: every part's canonical path, size and modification time.
+fn pack_cache_file(cache: &PackCache, file: &GgufModel, kernels: Kernels) -> Option<(PathBuf, String)> {
+    if file.file_bytes() < cache.min_bytes {
+        return None;
+    }
+    let mut source = String::new();
+    for part in file.parts() {
+        let path = std::fs::canonicalize(part.path()?).ok()?;
+        let meta = std::fs::metadata(&path).ok()?;
+        let mtime = meta.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos();
+        source.push_str(&format!("{}|{}|{mtime};", path.display(), meta.len()));
+    }
+    let name = file.parts()[0].path()?.file_stem()?.to_string_lossy().into_owned();
+    // A short digest of the source keeps two models of the same name apart; the header inside
+    // is what decides whether the file is used.
+    let digest = source.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    Some((cache.dir.join(format!("{name}-{digest:016x}.{}.pack", kernels.tier())), source))
+}
+
 impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Model({:?}, {} layers, kernels {})", self.config.arch, self.config.n_layers, self.kernels.tier())
@@ -112,7 +151,10 @@ impl std::fmt::Debug for Model {
 impl Model {
     /// Open `path` (any part of a split model) and map its weights. Nothing is dequantized;
     /// matrices the kernel tier has a repacked layout for are repacked (on threads of their
-    /// own, [`ModelOptions::threads`]), and their file pages let go.
+    /// own, [`ModelOptions::threads`]), and their file pages let go. With
+    /// [`ModelOptions::pack_cache`], the repacked weights are kept in a file there, one per
+    /// model file and kernel tier, and later loads map that file instead of repacking (a
+    /// changed model file, by size or modification time, is repacked again).
     pub fn load(path: impl AsRef<Path>, options: &ModelOptions) -> Result<Model, ModelError> {
         Model::from_gguf(GgufModel::open(path)?, options)
     }
@@ -129,7 +171,9 @@ impl Model {
         let cuda = match options.device {
             Device::Cpu => {
                 let threads = options.threads.filter(|&t| t > 0).unwrap_or_else(Pool::default_threads);
-                weights.pack(kernels, &Pool::new(threads));
+                let cache = options.pack_cache.as_ref().and_then(|c| pack_cache_file(c, &file, kernels));
+                let cache = cache.as_ref().map(|(path, source)| (path.as_path(), source.as_str()));
+                weights.pack(kernels, &Pool::new(threads), cache);
                 None
             }
             Device::Cuda(ordinal) => {

@@ -251,7 +251,11 @@ impl Weights {
     /// Repack every matrix the kernel tier has a layout for, all into one arena, the pool's
     /// threads sharing each matrix; each matrix's file pages are let go once it is packed, so
     /// the resident memory stays about the file's size.
-    pub fn pack(&mut self, kernels: Kernels, pool: &Pool) {
+    ///
+    /// With `cache` (a file and the source string its header carries), the packed weights come
+    /// from that file when an earlier load wrote it, and are written there when not; failing to
+    /// write it is only logged.
+    pub fn pack(&mut self, kernels: Kernels, pool: &Pool, cache: Option<(&std::path::Path, &str)>) {
         let output = match &mut self.output {
             Some(w) => w,
             None => &mut self.tied_output,
@@ -264,7 +268,10 @@ impl Weights {
         // Layer by layer, the output last: the order of the file and of the first forward pass.
         mats.rotate_left(1);
         let raws: Vec<MatRef<'static>> = mats.iter().map(|w| w.raw).collect();
-        let packed = kernels.pack_all(pool, &raws, &mut |i| release_pages(raws[i].data));
+        let (packed, failed) = kernels.pack_all(pool, &raws, &mut |i| release_pages(raws[i].data), cache);
+        if let (Some(e), Some((path, _))) = (failed, cache) {
+            tracing::warn!("could not keep the repacked weights in {}: {e}", path.display());
+        }
         for (w, p) in mats.into_iter().zip(packed) {
             w.packed = p;
         }

@@ -101,6 +101,7 @@ pub fn run(args: Args) -> Result<()> {
             kv_type: args.kv_type,
             batch_rounding: args.batch_rounding,
             threads: Some(t),
+            pack_cache: None,
         };
         let model = Model::load(&path, &options)?;
         if let (Some(gpu), false) = (model.device_name(), args.json) {

@@ -7,6 +7,7 @@ pub mod gen_args;
 pub mod inspect;
 pub mod logits;
 pub mod model_args;
+pub mod output_file;
 pub mod perplexity;
 pub mod quantize;
 pub mod resolve;

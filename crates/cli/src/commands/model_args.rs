@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use onebit_engine::{Engine, Scheduler, SchedulerConfig, SpecMode, Speculation};
 use onebit_kernels::{BatchRounding, KernelTier, Pool};
-use onebit_model::{Device, KvType, Model, ModelOptions};
+use onebit_model::{Device, KvType, Model, ModelOptions, PackCache};
 
 use super::resolve;
 use super::ui::Ui;
@@ -43,6 +43,14 @@ pub struct ModelArgs {
     /// Where the model runs: cpu, or cuda:N for an NVIDIA GPU (needs its driver and NVRTC).
     #[arg(long, default_value = "cpu", value_name = "DEVICE")]
     pub device: Device,
+    /// Keep a model's repacked weights (models from 64 MiB) in this folder, so that later
+    /// loads map them instead of repacking: one file per model and kernel tier, about the
+    /// size of its 1-bit and 4-bit weights [default: packed/ in onebit's cache folder].
+    #[arg(long, value_name = "DIR", conflicts_with = "no_pack_cache")]
+    pub pack_cache: Option<PathBuf>,
+    /// Repack the weights at every load, and write no cache file.
+    #[arg(long)]
+    pub no_pack_cache: bool,
 }
 
 impl ModelArgs {
@@ -53,6 +61,11 @@ impl ModelArgs {
             kv_type: self.kv_type,
             batch_rounding: self.batch_rounding,
             threads: self.threads,
+            pack_cache: if self.no_pack_cache {
+                None
+            } else {
+                self.pack_cache.clone().or_else(|| resolve::cache_dir().map(|d| d.join("packed"))).map(PackCache::new)
+            },
         }
     }
 

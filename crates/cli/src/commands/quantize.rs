@@ -145,12 +145,10 @@ pub fn run(args: Args) -> Result<()> {
             ftype.name()
         );
     }
-    let result = job.write(&model, &args.output, &Pool::new(threads), imatrix.as_ref(), quiet);
-    if result.is_err() {
-        // A partial file must not be mistaken for a model.
-        let _ = std::fs::remove_file(&args.output);
-    }
-    let (bytes_in, bytes_out) = result?;
+    let pool = Pool::new(threads);
+    let (bytes_in, bytes_out) = super::output_file::write_atomically(&args.output, |tmp| {
+        job.write(&model, tmp, &pool, imatrix.as_ref(), quiet)
+    })?;
     if !quiet {
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
         eprintln!("{:.2} MiB -> {:.2} MiB in {:.2} s", mib(bytes_in), mib(bytes_out), started.elapsed().as_secs_f64());
