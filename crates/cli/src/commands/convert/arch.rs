@@ -68,14 +68,17 @@ fn need(config: &Map<String, Value>, keys: &[&str]) -> Result<usize, ConvertErro
 }
 
 impl Dims {
-    pub fn from_config(config: &Map<String, Value>) -> Result<Dims, ConvertError> {
+    /// The converter reads config.json through Transformers' `AutoConfig`, which fills in
+    /// `head_dim` for Llama/Mistral (hidden / heads) and Qwen3 (128) when it is absent.
+    pub fn from_config(arch: Arch, config: &Map<String, Value>) -> Result<Dims, ConvertError> {
         let hidden = need(config, &["hidden_size", "n_embd", "dim"])?;
         let n_head = need(config, &["num_attention_heads", "n_head", "n_heads"])?;
         if n_head == 0 {
             return Err(ConvertError::Config("num_attention_heads is 0".into()));
         }
         let n_head_kv = uint(config, &["num_key_value_heads", "n_kv_heads"]).map(|v| v as usize).unwrap_or(n_head);
-        let head_dim = uint(config, &["head_dim"]).map(|v| v as usize).unwrap_or(hidden / n_head);
+        let default_head_dim = if arch == Arch::Qwen3 { 128 } else { hidden / n_head };
+        let head_dim = uint(config, &["head_dim"]).map(|v| v as usize).unwrap_or(default_head_dim);
         Ok(Dims {
             n_layer: need(config, &["n_layers", "num_hidden_layers", "n_layer", "num_layers"])?,
             hidden,
@@ -220,9 +223,10 @@ pub fn arch_keys(arch: Arch, config: &Map<String, Value>, d: &Dims) -> Result<Ar
     if let Some(eps) = ["rms_norm_eps", "norm_eps"].iter().find_map(|k| config.get(*k)).and_then(|v| v.as_f64()) {
         put("attention.layer_norm_rms_epsilon", OwnedValue::F32(eps as f32));
     }
-    if let Some(hd) = config.get("head_dim").and_then(|v| v.as_u64()) {
-        put("attention.key_length", u32_of(hd, "head_dim")?);
-        put("attention.value_length", u32_of(hd, "head_dim")?);
+    // Qwen2's configuration class has no head_dim; the others always have one (see Dims).
+    if arch != Arch::Qwen2 || config.contains_key("head_dim") {
+        put("attention.key_length", u32_of(d.head_dim as u64, "head_dim")?);
+        put("attention.value_length", u32_of(d.head_dim as u64, "head_dim")?);
     }
     let mut after = Vec::new();
     if arch == Arch::Llama {

@@ -194,7 +194,7 @@ struct Job {
 impl Job {
     fn plan(model: &HfModel, requested: Option<OutType>, pre: Option<&str>) -> Result<Job, ConvertError> {
         let arch = Arch::from_config(&model.config)?;
-        let dims = Dims::from_config(&model.config)?;
+        let dims = Dims::from_config(arch, &model.config)?;
         let out = requested.unwrap_or_else(|| auto_type(model));
         let mut tensors = Vec::new();
         let mut fallbacks = Vec::new();
