@@ -118,14 +118,9 @@ fn spec(name: &str) -> Spec {
             shards: 2,
             ..base
         },
-        "llama-tiny" => Spec {
-            class: "LlamaForCausalLM",
-            tokenizer: "llama3",
-            head_dim: 16,
-            vocab: 365,
-            tied: false,
-            ..base
-        },
+        "llama-tiny" => {
+            Spec { class: "LlamaForCausalLM", tokenizer: "llama3", head_dim: 16, vocab: 365, tied: false, ..base }
+        }
         "ternary-qwen3" => Spec { hidden: 256, layers: 1, head_dim: 64, ffn: 256, weights: Weights::Ternary, ..base },
         "bonsai-qwen3" => Spec { hidden: 128, head_dim: 32, ffn: 256, weights: Weights::Binary, ..base },
         other => panic!("no test checkpoint {other}"),
@@ -278,12 +273,7 @@ fn write_checkpoint(name: &str, root: &Path) -> PathBuf {
 }
 
 fn onebit_convert(dir: &Path, out: &Path, ty: &str) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_onebit"))
-        .args(["convert", "-q", "--type", ty])
-        .arg(dir)
-        .arg(out)
-        .output()
-        .unwrap()
+    Command::new(env!("CARGO_BIN_EXE_onebit")).args(["convert", "-q", "--type", ty]).arg(dir).arg(out).output().unwrap()
 }
 
 fn sha256(path: &Path) -> String {
@@ -335,7 +325,9 @@ fn logits(model: &Path) -> String {
 #[test]
 fn converted_models_run() {
     let tmp = tempfile::tempdir().unwrap();
-    for (model, ty) in [("qwen3-tiny", "bf16"), ("qwen2-tiny", "q8_0"), ("llama-tiny", "f16"), ("ternary-qwen3", "tq2_0")] {
+    for (model, ty) in
+        [("qwen3-tiny", "bf16"), ("qwen2-tiny", "q8_0"), ("llama-tiny", "f16"), ("ternary-qwen3", "tq2_0")]
+    {
         let dir = write_checkpoint(model, tmp.path());
         let out = tmp.path().join(format!("{model}.gguf"));
         let o = onebit_convert(&dir, &out, ty);
@@ -494,7 +486,8 @@ fn regenerate() {
     let llama = std::env::var("LLAMA_CPP_SRC").expect("LLAMA_CPP_SRC: llama.cpp's source (convert_hf_to_gguf.py)");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/convert/reference.py");
     let tmp = tempfile::tempdir().unwrap();
-    let mut lines = vec!["# model type sha256-of-convert_hf_to_gguf.py-output (see tests/convert.rs to regenerate)".to_string()];
+    let mut lines =
+        vec!["# model type sha256-of-convert_hf_to_gguf.py-output (see tests/convert.rs to regenerate)".to_string()];
     for (model, ty) in CASES {
         let dir = tmp.path().join(model);
         let dir = if dir.exists() { dir } else { write_checkpoint(model, tmp.path()) };

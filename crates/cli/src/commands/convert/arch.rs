@@ -161,7 +161,7 @@ pub fn map_tensor(arch: Arch, d: &Dims, name: &str) -> Result<Option<Mapped>, Co
 /// The row order llama.cpp's converter gives q/k of `heads` heads: within each head, the
 /// first half's rows and the second half's interleaved (`reshape(h, 2, r/h/2).swapaxes(1, 2)`).
 pub fn permuted_rows(rows: usize, heads: usize) -> Option<Vec<usize>> {
-    if heads == 0 || rows % (heads * 2) != 0 {
+    if heads == 0 || !rows.is_multiple_of(heads * 2) {
         return None;
     }
     let half = rows / heads / 2;
@@ -211,12 +211,15 @@ pub fn arch_keys(arch: Arch, config: &Map<String, Value>, d: &Dims) -> Result<Ar
             }
             ("default" | "llama3", _) => {}
             (other, _) => {
-                return Err(ConvertError::Config(format!("rope scaling type {other:?} is not supported by onebit convert")));
+                return Err(ConvertError::Config(format!(
+                    "rope scaling type {other:?} is not supported by onebit convert"
+                )));
             }
         }
     }
     // The converter mirrors the top-level theta into the rope parameters unless they have one.
-    let theta = rope.get("rope_theta").or_else(|| ["rope_theta", "rotary_emb_base"].iter().find_map(|k| config.get(*k)));
+    let theta =
+        rope.get("rope_theta").or_else(|| ["rope_theta", "rotary_emb_base"].iter().find_map(|k| config.get(*k)));
     if let Some(t) = theta.and_then(|v| v.as_f64()) {
         put("rope.freq_base", OwnedValue::F32(t as f32));
     }

@@ -126,8 +126,11 @@ pub fn read_json(path: &Path) -> Result<Option<Value>, ConvertError> {
     serde_json::from_str(&text).map(Some).map_err(|e| ConvertError::Json(path.into(), e.to_string()))
 }
 
+/// Tensor name to shard file, from `model.safetensors.index.json`.
+type WeightMap = BTreeMap<String, String>;
+
 /// The shards to read, sorted, and the index's weight map when there is an index.
-fn part_names(dir: &Path) -> Result<(Vec<String>, Option<BTreeMap<String, String>>), ConvertError> {
+fn part_names(dir: &Path) -> Result<(Vec<String>, Option<WeightMap>), ConvertError> {
     let index_path = dir.join("model.safetensors.index.json");
     if let Some(index) = read_json(&index_path)? {
         let Some(Value::Object(map)) = index.get("weight_map") else {

@@ -44,7 +44,10 @@ pub fn sampling_keys(dir: &Path) -> Result<Vec<(String, OwnedValue)>, ConvertErr
             (_, false) => f32_of(v),
         };
         let value = value.ok_or_else(|| {
-            ConvertError::Json(dir.join("generation_config.json"), format!("{} has an unexpected value {v}", sources[0]))
+            ConvertError::Json(
+                dir.join("generation_config.json"),
+                format!("{} has an unexpected value {v}", sources[0]),
+            )
         })?;
         kv.push((format!("general.sampling.{key}"), value));
     }
@@ -163,7 +166,8 @@ fn id_components(id: &str, total_params: u64) -> Components {
             kinds[i].push(Part::Finetune);
         }
     }
-    let numeric_size = parts.iter().zip(&kinds).any(|(p, k)| k.contains(&Part::Size) && p.chars().any(|c| c.is_ascii_digit()));
+    let numeric_size =
+        parts.iter().zip(&kinds).any(|(p, k)| k.contains(&Part::Size) && p.chars().any(|c| c.is_ascii_digit()));
     if numeric_size {
         for (p, k) in parts.iter().zip(kinds.iter_mut()) {
             if k.contains(&Part::Size) && p.chars().all(|c| c.is_alphabetic()) {
@@ -193,7 +197,10 @@ fn id_components(id: &str, total_params: u64) -> Components {
     let join = |want: Part, skip: Option<Part>| {
         let mut seen: Vec<&str> = Vec::new();
         for (p, k) in parts.iter().zip(&kinds) {
-            if k.contains(&want) && !skip.is_some_and(|s| k.contains(&s)) && !(want == Part::Size && seen.contains(&p.as_str())) {
+            if k.contains(&want)
+                && !skip.is_some_and(|s| k.contains(&s))
+                && !(want == Part::Size && seen.contains(&p.as_str()))
+            {
                 seen.push(p);
             }
         }

@@ -38,7 +38,7 @@ pub struct Args {
     /// Where to write the GGUF file.
     pub output: PathBuf,
     /// f32, f16, bf16, q8_0, tq1_0, tq2_0, q1_0, or auto (the checkpoint's own 16-bit type).
-    #[arg(long = "type", default_value = "auto")]
+    #[arg(long = "type", value_name = "TYPE", default_value = "auto")]
     pub ty: String,
     /// The pre-tokenizer's llama.cpp name (qwen2, llama-bpe, smollm, gpt-2, ...), when
     /// tokenizer.json declares one onebit does not recognise.
@@ -141,6 +141,10 @@ impl OutType {
 pub fn run(args: Args) -> Result<()> {
     let started = Instant::now();
     let requested = OutType::parse(&args.ty)?;
+    // An unknown architecture is reported before any shard is read.
+    if let Some(serde_json::Value::Object(config)) = hf::read_json(&args.input.join("config.json"))? {
+        Arch::from_config(&config)?;
+    }
     let model = HfModel::open(&args.input)?;
     let job = Job::plan(&model, requested, args.pre.as_deref())?;
     let threads = args.threads.unwrap_or_else(Pool::default_threads).max(1);
@@ -201,7 +205,8 @@ impl Job {
         if arch == Arch::Llama
             && let Some(factors) = arch::llama3_rope_factors(&model.config, &dims)
         {
-            let info = TensorInfo { name: "rope_freqs.weight".into(), ty: GgmlType::F32, shape: vec![factors.len() as u64] };
+            let info =
+                TensorInfo { name: "rope_freqs.weight".into(), ty: GgmlType::F32, shape: vec![factors.len() as u64] };
             tensors.push(Planned { info, data: Data::F32s(factors) });
         }
         for (index, t) in model.tensors.iter().enumerate() {
@@ -209,7 +214,10 @@ impl Job {
             check_tensor(model, t, &m)?;
             let shape: Vec<u64> = t.shape.iter().rev().map(|&d| d as u64).collect();
             let ty = output_type(&m.name, &shape, out, &mut fallbacks);
-            tensors.push(Planned { info: TensorInfo { name: m.name, ty, shape }, data: Data::Tensor { index, permute_heads: m.permute_heads } });
+            tensors.push(Planned {
+                info: TensorInfo { name: m.name, ty, shape },
+                data: Data::Tensor { index, permute_heads: m.permute_heads },
+            });
         }
         check_complete(&tensors, &dims)?;
         let total: u64 = tensors.iter().map(|p| p.info.shape.iter().product::<u64>()).sum();
@@ -330,7 +338,9 @@ fn check_complete(tensors: &[Planned], d: &Dims) -> Result<(), ConvertError> {
     let has = |n: &str| tensors.iter().any(|p| p.info.name == n);
     let mut needed = vec!["token_embd.weight".to_string(), "output_norm.weight".to_string()];
     for b in 0..d.n_layer {
-        for part in ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"] {
+        for part in
+            ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"]
+        {
             needed.push(format!("blk.{b}.{part}.weight"));
         }
     }

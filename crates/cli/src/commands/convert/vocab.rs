@@ -15,7 +15,8 @@ use serde_json::{Map, Value};
 use super::ConvertError;
 use super::hf::read_json;
 
-const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_SPLIT: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// llama.cpp's token types.
@@ -293,7 +294,6 @@ impl Special {
         config: &Map<String, Value>,
     ) -> Result<Special, String> {
         let mut s = Special::default();
-        let mut kinds: Vec<&str> = KINDS.to_vec();
         let token_of = |c: Option<&Map<String, Value>>, k: &str| -> Option<String> {
             match c?.get(&format!("{k}_token"))? {
                 Value::String(t) => Some(t.clone()),
@@ -326,9 +326,18 @@ impl Special {
                         s.set_add("eos", false, false);
                     }
                     Some("TemplateProcessing") => {
-                        s.template(p, special_bos.as_deref(), special_cls.as_deref(), special_eos.as_deref(), special_sep.as_deref(), tcfg.is_some(), &mut kinds)?;
+                        s.template(
+                            p,
+                            special_bos.as_deref(),
+                            special_cls.as_deref(),
+                            special_eos.as_deref(),
+                            special_sep.as_deref(),
+                            tcfg.is_some(),
+                        )?;
                     }
-                    Some("RobertaProcessing") => return Err("RobertaProcessing post-processors are not supported".into()),
+                    Some("RobertaProcessing") => {
+                        return Err("RobertaProcessing post-processors are not supported".into());
+                    }
                     _ => {}
                 }
             }
@@ -341,7 +350,7 @@ impl Special {
             .filter_map(|t| Some((t.get("content")?.as_str()?.to_string(), t.get("id")?.as_u64()?)))
             .collect();
         if let Some(cfg) = tcfg.as_deref() {
-            for kind in &kinds {
+            for kind in &KINDS {
                 if let Some(on) = cfg.get(&format!("add_{kind}_token")).and_then(|v| v.as_bool()) {
                     s.set_add(kind, on, false);
                 }
@@ -351,7 +360,7 @@ impl Special {
             }
         }
         let text = config.get("text_config").and_then(|t| t.as_object());
-        for kind in &kinds {
+        for kind in &KINDS {
             let key = format!("{kind}_token_id");
             let v = config.get(&key).or_else(|| text.and_then(|t| t.get(&key)));
             s.set_id(kind, v.and_then(|v| v.as_u64()));
@@ -370,9 +379,9 @@ impl Special {
         eos: Option<&str>,
         sep: Option<&str>,
         has_config: bool,
-        _kinds: &mut Vec<&str>,
     ) -> Result<(), String> {
-        let special_id = |v: &Value| v.get("SpecialToken").and_then(|s| s.get("id")).and_then(|i| i.as_str()).map(String::from);
+        let special_id =
+            |v: &Value| v.get("SpecialToken").and_then(|s| s.get("id")).and_then(|i| i.as_str()).map(String::from);
         let seq_id = |v: &Value| v.get("Sequence").and_then(|s| s.get("id")).and_then(|i| i.as_str()).map(String::from);
         let empty = Vec::new();
         let single = p.get("single").and_then(|v| v.as_array()).unwrap_or(&empty);
@@ -399,9 +408,13 @@ impl Special {
             return Ok(());
         }
         let start = usize::from(first.is_some() && special_id(&pair[0]) == first);
-        let stop = if last.is_some() && special_id(&pair[pair.len() - 1]) == last { pair.len() - 1 } else { pair.len() };
+        let stop =
+            if last.is_some() && special_id(&pair[pair.len() - 1]) == last { pair.len() - 1 } else { pair.len() };
         let inner = &pair[start..stop.max(start)];
-        if inner.len() < 2 || seq_id(&inner[0]).as_deref() != Some("A") || seq_id(&inner[inner.len() - 1]).as_deref() != Some("B") {
+        if inner.len() < 2
+            || seq_id(&inner[0]).as_deref() != Some("A")
+            || seq_id(&inner[inner.len() - 1]).as_deref() != Some("B")
+        {
             return Ok(());
         }
         let middle = &inner[1..inner.len() - 1];
