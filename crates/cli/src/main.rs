@@ -43,6 +43,8 @@ enum Command {
     Perplexity(commands::perplexity::Args),
     /// Quantize a model (F16/BF16/F32 GGUF in), byte for byte as llama-quantize does.
     Quantize(commands::quantize::Args),
+    /// Convert a Hugging Face model folder to GGUF, as llama.cpp's convert_hf_to_gguf.py does.
+    Convert(commands::convert::Args),
 }
 
 fn main() -> ExitCode {
@@ -94,6 +96,7 @@ fn main() -> ExitCode {
         Command::Perplexity(args) => ok(commands::perplexity::run(args)),
         Command::Serve(args) => commands::serve::run(args),
         Command::Quantize(args) => ok(commands::quantize::run(args)),
+        Command::Convert(args) => ok(commands::convert::run(args)),
     };
     match result {
         Ok(code) => ExitCode::from(code),

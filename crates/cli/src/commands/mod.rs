@@ -3,6 +3,7 @@
 pub mod batched_bench;
 pub mod bench;
 pub mod chat;
+pub mod convert;
 pub mod gen_args;
 pub mod inspect;
 pub mod logits;

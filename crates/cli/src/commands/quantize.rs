@@ -10,7 +10,7 @@
 //! each slab's input pages are released once its output is written, so memory stays near one
 //! slab whatever the size of the model or of its largest tensor.
 
-mod convert;
+pub(crate) mod convert;
 pub mod imatrix;
 pub mod rules;
 
