@@ -160,12 +160,8 @@ pub fn run(args: Args) -> Result<()> {
             eprintln!("note: {name}: {why}");
         }
     }
-    let result = job.write(&model, &args.output, &Pool::new(threads));
-    if result.is_err() {
-        // A partial file must not be mistaken for a model.
-        let _ = std::fs::remove_file(&args.output);
-    }
-    let bytes = result?;
+    let pool = Pool::new(threads);
+    let bytes = super::output_file::write_atomically(&args.output, |tmp| job.write(&model, tmp, &pool))?;
     if !args.quiet {
         let mib = bytes as f64 / (1 << 20) as f64;
         eprintln!("wrote {mib:.2} MiB in {:.2} s", started.elapsed().as_secs_f64());
