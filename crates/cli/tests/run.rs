@@ -62,6 +62,27 @@ fn raw_greedy_run_prints_llama_cpp_continuation() {
     assert!(out.stderr.is_empty(), "--json keeps stderr quiet: {}", text(&out.stderr));
 }
 
+/// Gemma 3 270M (sliding-window layers, GELU gates): the first three fixture prompts, whose
+/// greedy continuations have no near tie in 32 tokens, continue exactly as llama.cpp's.
+#[test]
+fn gemma3_raw_greedy_runs_reproduce_llama_cpp() {
+    let (Some(model), Some(fx)) =
+        (onebit_testkit::gemma3_model(), onebit_testkit::fixture("logits-gemma-3-270m-q4_k_m.json"))
+    else {
+        return;
+    };
+    let m = model.to_str().unwrap();
+    for p in &fx["prompts"].as_array().unwrap()[..3] {
+        let prompt = p["text"].as_str().unwrap();
+        let out = onebit(&["run", "-m", m, "--raw", "--temp", "0", "-n", "32", "--json", "-p", prompt], None, &[]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["prompt_tokens"].as_u64(), Some(p["tokens"].as_array().unwrap().len() as u64), "{prompt:?}");
+        assert_eq!(v["ids"], p["greedy"], "{prompt:?}");
+        assert_eq!(v["text"], p["greedy_text"], "{prompt:?}");
+    }
+}
+
 #[test]
 fn prompt_from_stdin_through_the_chat_template_quietly() {
     let Some(model) = onebit_testkit::demo_model() else { return };

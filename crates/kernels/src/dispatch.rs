@@ -30,6 +30,7 @@ pub(crate) struct Table {
     pub rms_norm: fn(&[f32], &[f32], f32, &mut [f32]),
     pub softmax: fn(&mut [f32]),
     pub silu_mul: fn(&mut [f32], &[f32]),
+    pub gelu_mul: fn(&mut [f32], &[f32]),
     pub dot_f32: fn(&[f32], &[f32]) -> f32,
     pub f16_to_f32: fn(&[u16], &mut [f32]),
     pub f32_to_f16: fn(&[f32], &mut [u16]),
@@ -73,6 +74,16 @@ impl Pages<'_> {
             Pages::Q8_0(p) => width.is_multiple_of(32) && p.iter().all(|r| r.len().is_multiple_of(width / 32 * 34)),
         }
     }
+}
+
+/// The activation of a gated MLP: `act(gate) · up`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Glu {
+    /// SwiGLU: `silu(gate) · up` (Llama, Qwen).
+    #[default]
+    Silu,
+    /// GEGLU with GELU's tanh form, as ggml's CPU backend computes it (Gemma).
+    GeluTanh,
 }
 
 /// A tier without a batch format of its own keeps the one the weights call for.
@@ -335,6 +346,22 @@ impl Kernels {
         next: &[GgmlType],
         out: &mut Acts,
     ) -> Result<(), KernelError> {
+        self.matmul_gated_acts(pool, Glu::Silu, gate, up, acts, next, out)
+    }
+
+    /// [`Kernels::matmul_glu_acts`] with the activation `glu`: bit for bit the two products,
+    /// [`Kernels::glu`] and [`Kernels::quantize_acts_for`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_gated_acts(
+        &self,
+        pool: &Pool,
+        glu: Glu,
+        gate: &MatRef,
+        up: &MatRef,
+        acts: &Acts,
+        next: &[GgmlType],
+        out: &mut Acts,
+    ) -> Result<(), KernelError> {
         let (kg, ku) = (self.row_kernel(gate, acts)?, self.row_kernel(up, acts)?);
         let (rows, n) = (gate.rows, acts.rows());
         if up.rows != rows {
@@ -346,7 +373,7 @@ impl Kernels {
         // Runs of rows are whole activation blocks (and whole groups of packed weights).
         let block = format.block();
         let chunk = chunk / gcd(chunk, block) * block;
-        let (rb, quantize, silu_mul) = (out.row_bytes(), self.table.quantize_row, self.table.silu_mul);
+        let (rb, quantize, act) = (out.row_bytes(), self.table.quantize_row, self.glu_fn(glu));
         let dst = DisjointRows::new(out.bytes_mut(), rb);
         pool.for_chunks(rows, chunk, &|_, range| {
             GLU_SCRATCH.with_borrow_mut(|(g, u)| {
@@ -355,7 +382,7 @@ impl Kernels {
                 u.resize(n * len, 0.0);
                 kg.run(gate, range.clone(), acts, OutPtr::for_rows(g, range.start, len));
                 ku.run(up, range.clone(), acts, OutPtr::for_rows(u, range.start, len));
-                silu_mul(g, u);
+                act(g, u);
                 let (b0, b1) = (format.row_bytes(range.start), format.row_bytes(range.end));
                 for t in 0..n {
                     // SAFETY: `range` starts and ends on activation blocks, so bytes `b0..b1` of
@@ -469,6 +496,26 @@ impl Kernels {
     pub fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
         assert_eq!(gate.len(), up.len(), "silu_mul: lengths differ");
         (self.table.silu_mul)(gate, up)
+    }
+
+    /// `gate[i] = gelu(gate[i]) * up[i]` (`gate` and `up` of the same length), GELU's tanh form
+    /// as ggml's CPU backend computes it (by a table of f16 values).
+    pub fn gelu_mul(&self, gate: &mut [f32], up: &[f32]) {
+        assert_eq!(gate.len(), up.len(), "gelu_mul: lengths differ");
+        (self.table.gelu_mul)(gate, up)
+    }
+
+    /// `gate[i] = glu(gate[i]) * up[i]` (`gate` and `up` of the same length).
+    pub fn glu(&self, glu: Glu, gate: &mut [f32], up: &[f32]) {
+        assert_eq!(gate.len(), up.len(), "glu: lengths differ");
+        (self.glu_fn(glu))(gate, up)
+    }
+
+    fn glu_fn(&self, glu: Glu) -> fn(&mut [f32], &[f32]) {
+        match glu {
+            Glu::Silu => self.table.silu_mul,
+            Glu::GeluTanh => self.table.gelu_mul,
+        }
     }
 
     /// `a · b` (of the same length).

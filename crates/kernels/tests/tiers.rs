@@ -3,7 +3,7 @@
 //! 1e-5 of the sum of |terms| (the integer parts are exact; only f32 summation order differs).
 
 use onebit_gguf::GgmlType;
-use onebit_kernels::{Acts, KernelTier, Kernels, MatRef, Pages, Pool};
+use onebit_kernels::{Acts, Glu, KernelTier, Kernels, MatRef, Pages, Pool};
 
 mod common;
 
@@ -110,6 +110,17 @@ fn vector_ops_match_the_scalar_reference() {
             scalar.silu_mul(&mut g2, &y);
             assert!(g1.iter().zip(&g2).all(|(a, b)| close(*a, *b, b.abs())), "{tier} silu_mul n={n}");
 
+            // GEGLU looks its values up: every tier gives the reference's bits, also at and
+            // around the limits of the table (±10) and at values that round to f16 ties.
+            let mut gates = x.iter().map(|v| v / 2.0).collect::<Vec<f32>>();
+            for (i, g) in gates.iter_mut().enumerate().take(6) {
+                *g = [-10.0, 10.0, -10.000001, 9.999999, 1.000_488_3, -0.0][i];
+            }
+            let (mut g1, mut g2) = (gates.clone(), gates.clone());
+            k.gelu_mul(&mut g1, &y);
+            scalar.gelu_mul(&mut g2, &y);
+            assert_eq!(g1, g2, "{tier} gelu_mul n={n}");
+
             let mag: f32 = x.iter().zip(&y).map(|(a, b)| (a * b).abs()).sum();
             assert!(close(k.dot_f32(&x, &y), scalar.dot_f32(&x, &y), mag), "{tier} dot_f32 n={n}");
 
@@ -167,8 +178,9 @@ fn attention_blocks_match_the_scalar_reference() {
     }
 }
 
-/// The fused gated product gives exactly the two products followed by `silu_mul` and the next
-/// product's quantization, on every tier, for decode-sized and batch-sized token counts.
+/// The fused gated product gives exactly the two products followed by the activation (SwiGLU
+/// or GEGLU) and the next product's quantization, on every tier, for decode-sized and
+/// batch-sized token counts.
 #[test]
 fn the_fused_gated_product_equals_its_parts() {
     let mut rng = Rng(0x61u64);
@@ -177,7 +189,8 @@ fn the_fused_gated_product_equals_its_parts() {
         let pool = Pool::new(2);
         for &ty in &[GgmlType::Q1_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::F16, GgmlType::TQ2_0] {
             let cols = 256;
-            for (rows, tokens) in [(256, 1), (512, 5), (768, 20)] {
+            let shapes = [(256, 1, Glu::Silu), (512, 5, Glu::Silu), (768, 20, Glu::Silu)];
+            for (rows, tokens, glu) in shapes.into_iter().chain(shapes.map(|(r, t, _)| (r, t, Glu::GeluTanh))) {
                 let (gd, ud) = (weights(&mut rng, ty, rows, cols), weights(&mut rng, ty, rows, cols));
                 let mut pg = MatRef::new(ty, rows, cols, &gd).unwrap();
                 let mut pu = MatRef::new(ty, rows, cols, &ud).unwrap();
@@ -190,12 +203,12 @@ fn the_fused_gated_product_equals_its_parts() {
                 let (mut g, mut u) = (vec![0f32; tokens * rows], vec![0f32; tokens * rows]);
                 k.matmul(&pool, &pg, &acts, &mut g).unwrap();
                 k.matmul(&pool, &pu, &acts, &mut u).unwrap();
-                k.silu_mul(&mut g, &u);
+                k.glu(glu, &mut g, &u);
                 // The next product's weights: the same type, `rows` long.
                 let (mut want, mut fused) = (Acts::new(), Acts::new());
                 k.quantize_acts_for(&pool, &[ty], &g, rows, &mut want).unwrap();
-                k.matmul_glu_acts(&pool, &pg, &pu, &acts, &[ty], &mut fused).unwrap();
-                let what = format!("{tier} {ty} {rows}x{cols}, {tokens} tokens");
+                k.matmul_gated_acts(&pool, glu, &pg, &pu, &acts, &[ty], &mut fused).unwrap();
+                let what = format!("{tier} {ty} {rows}x{cols}, {tokens} tokens, {glu:?}");
                 assert_eq!(fused.format(), want.format(), "{what}");
                 assert_eq!(fused.bytes(), want.bytes(), "{what}");
                 assert_eq!(fused.aux_bytes(), want.aux_bytes(), "{what}");

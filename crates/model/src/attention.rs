@@ -11,6 +11,10 @@
 //! output row the same arithmetic whatever the other rows, and runs of rows always start at
 //! multiples of [`ROW_BLOCK`].
 //!
+//! A sliding-window layer's query at position q sees only positions q − window + 1 ..= q: a unit
+//! reads its rows from the window's start of its first query (rounded down to a run of rows),
+//! so rows that left every window of the unit are neither read nor scored.
+//!
 //! Like llama.cpp without flash attention, products with an f16 cache are taken at f16
 //! precision: q is rounded to f16 before q·k, and the softmax weights before they scale v.
 
@@ -52,6 +56,8 @@ pub(crate) struct Attention<'a> {
     pub config: &'a Config,
     pub kernels: Kernels,
     pub layer: usize,
+    /// The sliding window of this layer, if it has one.
+    pub window: Option<usize>,
     pub kv: &'a KvPool,
     /// Per sequence of the batch: its block table.
     pub tables: &'a [&'a [u32]],
@@ -122,46 +128,53 @@ impl Attention<'_> {
             }
         }
 
-        sc.scores.resize(nq * seen_all, 0.0);
+        // Rows from the first one any query of the unit sees (the first token's is the
+        // earliest), in whole runs of rows: each query's row of scores spans `first .. seen_all`.
+        let first = self.first_seen(self.where_[u.t0].1) / ROW_BLOCK * ROW_BLOCK;
+        let span = seen_all - first;
+        sc.scores.resize(nq * span, 0.0);
         sc.rows.resize(ROW_BLOCK * d.max(dv), 0.0);
         // Few queries read each cached row once or twice: products read the blocks where they
-        // lie (widening halves or Q8_0 in the register). Many queries share a widened copy. Either way every score gets the same bits.
+        // lie (widening halves or Q8_0 in the register). Many queries share a widened copy.
+        // Either way every score gets the same bits.
         let direct = nq < DIRECT_QUERIES;
         if direct {
-            let pages = self.pages(table, seen_all, false, u.group);
-            self.kernels.gemm_nt_pages(&sc.q, pages.as_pages(), d, &mut sc.scores, seen_all);
+            let pages = self.pages(table, first..seen_all, false, u.group);
+            self.kernels.gemm_nt_pages(&sc.q, pages.as_pages(), d, &mut sc.scores, span);
         } else {
-            for j0 in (0..seen_all).step_by(ROW_BLOCK) {
+            for j0 in (first..seen_all).step_by(ROW_BLOCK) {
                 let n = (seen_all - j0).min(ROW_BLOCK);
                 let rows = &mut sc.rows[..n * d];
                 self.gather(table, j0, d, rows, |b| self.kv.keys(self.layer, b, u.group));
-                self.kernels.gemm_nt(&sc.q, rows, d, &mut sc.scores[j0..], seen_all);
+                self.kernels.gemm_nt(&sc.q, rows, d, &mut sc.scores[j0 - first..], span);
             }
         }
 
-        let scale = 1.0 / (d as f32).sqrt();
+        let scale = c.attn_scale;
         for qi in 0..nq {
-            let seen = self.where_[u.t0 + qi / gsize].1 + 1;
-            let row = &mut sc.scores[qi * seen_all..(qi + 1) * seen_all];
-            row[..seen].iter_mut().for_each(|s| *s *= scale);
-            self.kernels.softmax(&mut row[..seen]);
-            row[seen..].fill(0.0);
+            let pos = self.where_[u.t0 + qi / gsize].1;
+            let (lo, hi) = (self.first_seen(pos) - first, pos + 1 - first);
+            let row = &mut sc.scores[qi * span..(qi + 1) * span];
+            row[lo..hi].iter_mut().for_each(|s| *s *= scale);
+            self.kernels.softmax(&mut row[lo..hi]);
+            row[..lo].fill(0.0);
+            row[hi..].fill(0.0);
             if f16 {
-                self.kernels.round_f16(&mut row[..seen]);
+                self.kernels.round_f16(&mut row[lo..hi]);
             }
         }
 
         sc.out.clear();
         sc.out.resize(nq * dv, 0.0);
         if direct {
-            let pages = self.pages(table, seen_all, true, u.group);
-            self.kernels.gemm_nn_acc_pages(&sc.scores, seen_all, pages.as_pages(), dv, &mut sc.out);
+            let pages = self.pages(table, first..seen_all, true, u.group);
+            self.kernels.gemm_nn_acc_pages(&sc.scores, span, pages.as_pages(), dv, &mut sc.out);
         } else {
-            for j0 in (0..seen_all).step_by(ROW_BLOCK) {
+            for j0 in (first..seen_all).step_by(ROW_BLOCK) {
                 let n = (seen_all - j0).min(ROW_BLOCK);
                 let rows = &mut sc.rows[..n * dv];
                 self.gather(table, j0, dv, rows, |b| self.kv.values(self.layer, b, u.group));
-                self.kernels.gemm_nn_acc(&sc.scores[j0..], seen_all, rows, dv, &mut sc.out);
+                self.kernels.gemm_nn_acc(&sc.scores[j0 - first..], span, rows, dv, &mut sc.out);
             }
         }
 
@@ -178,13 +191,21 @@ impl Attention<'_> {
 }
 
 impl Attention<'_> {
-    /// A sequence's rows `0..n` (keys or values of kv head `head`) as runs where they lie:
-    /// blocks that follow each other in the table and in the pool (within a superblock) make
-    /// one run.
-    fn pages(&self, table: &[u32], n: usize, values: bool, head: usize) -> Runs<'_> {
+    /// The first position the query at `pos` sees: 0, or the start of its sliding window
+    /// (llama.cpp masks key p for query q when q − p ≥ window).
+    fn first_seen(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
+
+    /// A sequence's rows `range` (keys or values of kv head `head`; the range starts on a
+    /// block) as runs where they lie: blocks that follow each other in the table and in the
+    /// pool (within a superblock) make one run.
+    fn pages(&self, table: &[u32], range: std::ops::Range<usize>, values: bool, head: usize) -> Runs<'_> {
         let c = self.config;
         let width = if values { c.value_dim } else { c.head_dim };
-        let blocks = &table[..n.div_ceil(BLOCK_TOKENS)];
+        debug_assert!(range.start.is_multiple_of(BLOCK_TOKENS));
+        let n = range.len();
+        let blocks = &table[range.start / BLOCK_TOKENS..range.end.div_ceil(BLOCK_TOKENS)];
         let mut runs = Runs::default();
         let mut i = 0;
         while i < blocks.len() {

@@ -2,9 +2,12 @@
 //!
 //! The architectures differ in data, not code: which RoPE layout they use, whether q/k/v carry
 //! biases, whether q and k are RMS-normed per head, whether the MLP is a mixture of experts
-//! (and its expert counts and width). Those are flags here; the forward pass reads them.
+//! (and its expert counts and width), Gemma's extra norms, scaled embedding and GELU gate, and
+//! which layers attend through a sliding window. Those are flags here; the forward pass reads
+//! them.
 
-use onebit_gguf::Metadata;
+use onebit_gguf::{Metadata, Value};
+use onebit_kernels::Glu;
 
 use crate::error::ModelError;
 
@@ -17,10 +20,13 @@ pub enum Arch {
     Qwen3,
     /// Qwen3's attention with a mixture-of-experts MLP in every layer.
     Qwen3Moe,
+    /// Gemma 3: QK-norm, norms before and after attention and MLP, a GELU gate, the embedding
+    /// scaled by √hidden, sliding-window layers interleaved with global ones.
+    Gemma3,
 }
 
 impl Arch {
-    pub const SUPPORTED: &'static str = "llama, mistral, qwen2, qwen3, qwen3moe";
+    pub const SUPPORTED: &'static str = "llama, mistral, qwen2, qwen3, qwen3moe, gemma3";
 
     pub fn parse(name: &str) -> Result<Arch, ModelError> {
         Ok(match name {
@@ -29,6 +35,7 @@ impl Arch {
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
             "qwen3moe" => Arch::Qwen3Moe,
+            "gemma3" => Arch::Gemma3,
             other => return Err(ModelError::UnknownArchitecture(other.to_string())),
         })
     }
@@ -40,6 +47,7 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Qwen3Moe => "qwen3moe",
+            Arch::Gemma3 => "gemma3",
         }
     }
 
@@ -47,7 +55,7 @@ impl Arch {
     pub fn rope_style(self) -> RopeStyle {
         match self {
             Arch::Llama | Arch::Mistral => RopeStyle::Normal,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => RopeStyle::Neox,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 => RopeStyle::Neox,
         }
     }
 
@@ -56,16 +64,34 @@ impl Arch {
         match self {
             Arch::Qwen2 => Need::Required,
             Arch::Llama | Arch::Mistral => Need::Optional,
-            Arch::Qwen3 | Arch::Qwen3Moe => Need::Absent,
+            Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 => Need::Absent,
         }
     }
 
     /// Whether q and k are RMS-normed per head before RoPE (Qwen3).
     pub fn qk_norm(self) -> Need {
         match self {
-            Arch::Qwen3 | Arch::Qwen3Moe => Need::Required,
+            Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 => Need::Required,
             _ => Need::Absent,
         }
+    }
+
+    /// Whether the outputs of attention and of the MLP are RMS-normed before they join the
+    /// residual stream (`post_attention_norm`, `post_ffw_norm`: Gemma).
+    pub fn post_norms(self) -> Need {
+        if self == Arch::Gemma3 { Need::Required } else { Need::Absent }
+    }
+
+    /// The gated MLP's activation: SwiGLU, or GELU (tanh) for Gemma.
+    pub fn activation(self) -> Glu {
+        if self == Arch::Gemma3 { Glu::GeluTanh } else { Glu::Silu }
+    }
+
+    /// Every how many layers one is global when the file names a sliding window but no
+    /// pattern: llama.cpp fixes it per architecture (Gemma 3: the last of every 6); 0: every
+    /// layer slides.
+    fn default_swa_pattern(self) -> usize {
+        if self == Arch::Gemma3 { 6 } else { 0 }
     }
 
     /// Whether every layer's MLP is a mixture of experts (a router and stacked expert
@@ -133,6 +159,27 @@ pub struct Config {
     pub rope: RopeConfig,
     /// Rows of the embedding table (filled in from the tensor).
     pub vocab_size: usize,
+    /// What the embedding rows are multiplied by (Gemma: √hidden).
+    pub embed_scale: Option<f32>,
+    /// What q·k is multiplied by before the softmax.
+    pub attn_scale: f32,
+    /// The gated MLP's activation.
+    pub activation: Glu,
+    /// The sliding-window attention of some or all layers.
+    pub sliding: Option<SlidingWindow>,
+    /// `cap · tanh(logit / cap)` on the output logits (`final_logit_softcapping`).
+    pub logit_softcap: Option<f32>,
+}
+
+/// Layers that attend only to the last `window` positions (their own included): a key at
+/// position p is out of sight of the query at position q once q − p ≥ `window` (llama.cpp's
+/// standard sliding window), and such layers rotate with RoPE of their own.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlidingWindow {
+    pub window: usize,
+    /// Per layer: whether it slides (the others attend to every position).
+    pub layers: Vec<bool>,
+    pub rope: RopeConfig,
 }
 
 fn positive(key: &str, v: u32) -> Result<usize, ModelError> {
@@ -180,9 +227,17 @@ impl Config {
             Some(m) => opt("feed_forward_length")?.unwrap_or(m.ffn * m.n_used),
             None => req("feed_forward_length")?,
         };
+        let n_layers = req("block_count")?;
+        let sliding = sliding_window(md, arch, n_layers, &rope)?;
+        // As llama.cpp: Gemma 3 27B scales by its hidden size per head, not its key length.
+        let attn_scale = if arch == Arch::Gemma3 && n_layers == 62 {
+            1.0 / ((hidden / n_heads) as f32).sqrt()
+        } else {
+            1.0 / (head_dim as f32).sqrt()
+        };
         let config = Config {
             arch,
-            n_layers: req("block_count")?,
+            n_layers,
             hidden,
             n_heads,
             n_kv_heads,
@@ -194,6 +249,11 @@ impl Config {
             context_length: req("context_length")?,
             rope,
             vocab_size: 0,
+            embed_scale: (arch == Arch::Gemma3).then(|| (hidden as f32).sqrt()),
+            attn_scale,
+            activation: arch.activation(),
+            sliding,
+            logit_softcap: md.opt_f32(&key("final_logit_softcapping"))?.filter(|&c| c != 0.0),
         };
         config.validate()?;
         Ok(config)
@@ -228,6 +288,11 @@ impl Config {
         if self.hidden > 1 << 20 || self.ffn > 1 << 22 || width > 1 << 20 || self.n_layers > 4096 {
             return bad("embedding_length", "absurd model dimensions".into());
         }
+        if let Some(cap) = self.logit_softcap
+            && !(cap > 0.0 && cap.is_finite())
+        {
+            return bad("final_logit_softcapping", format!("{cap} is not a positive number"));
+        }
         if let Some(m) = self.moe {
             if m.n_used > m.n_experts || m.n_experts > 1024 {
                 return bad(
@@ -258,6 +323,77 @@ impl Config {
     pub fn group(&self) -> usize {
         self.n_heads / self.n_kv_heads
     }
+
+    /// The window layer `layer` attends through, if it slides.
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        self.sliding.as_ref().filter(|s| s.layers[layer]).map(|s| s.window)
+    }
+
+    /// The RoPE of layer `layer` (sliding layers may have their own).
+    pub fn layer_rope(&self, layer: usize) -> &RopeConfig {
+        match &self.sliding {
+            Some(s) if s.layers[layer] => &s.rope,
+            _ => &self.rope,
+        }
+    }
+}
+
+/// The sliding window of `{arch}.attention.sliding_window`, its layers (the pattern key, as a
+/// count or one flag per layer, else the architecture's default) and its RoPE base
+/// (`rope.freq_base_swa`, else 10,000 as in llama.cpp, and no position scaling).
+fn sliding_window(
+    md: &Metadata,
+    arch: Arch,
+    n_layers: usize,
+    rope: &RopeConfig,
+) -> Result<Option<SlidingWindow>, ModelError> {
+    let p = arch.name();
+    let key = |k: &str| format!("{p}.{k}");
+    // Only the architectures whose sliding window onebit implements read it.
+    if !matches!(arch, Arch::Gemma3 | Arch::Mistral) {
+        return Ok(None);
+    }
+    let window = match md.opt_u32(&key("attention.sliding_window"))? {
+        Some(w) if w > 0 => w as usize,
+        _ => return Ok(None),
+    };
+    let pattern_key = key("attention.sliding_window_pattern");
+    let layers: Vec<bool> = match md.get(&pattern_key) {
+        Some(Value::Array(a)) => {
+            let flags: Vec<bool> =
+                a.iter().filter_map(|v| if let Value::Bool(b) = v { Some(b) } else { None }).collect();
+            if flags.len() != n_layers {
+                return Err(ModelError::BadHyperparameter {
+                    key: pattern_key,
+                    reason: format!("{} flags for {n_layers} layers (one boolean per layer)", a.len()),
+                });
+            }
+            flags
+        }
+        Some(v) => {
+            let n = v.as_i128().filter(|n| (0..=u32::MAX as i128).contains(n)).ok_or_else(|| {
+                ModelError::BadHyperparameter {
+                    key: pattern_key.clone(),
+                    reason: "must be a layer count or one boolean per layer".into(),
+                }
+            })? as usize;
+            swa_layers(n, n_layers)
+        }
+        None => swa_layers(arch.default_swa_pattern(), n_layers),
+    };
+    let freq_base = md.opt_f32(&key("rope.freq_base_swa"))?.unwrap_or(10_000.0);
+    if !(freq_base > 0.0 && freq_base.is_finite()) {
+        return Err(ModelError::BadHyperparameter {
+            key: key("rope.freq_base_swa"),
+            reason: format!("{freq_base} is not a positive number"),
+        });
+    }
+    Ok(Some(SlidingWindow { window, layers, rope: RopeConfig { freq_base, freq_scale: 1.0, ..rope.clone() } }))
+}
+
+/// Of every `pattern` layers the last is global, the others slide (0: all slide).
+fn swa_layers(pattern: usize, n_layers: usize) -> Vec<bool> {
+    (0..n_layers).map(|l| pattern == 0 || l % pattern < pattern - 1).collect()
 }
 
 /// 1 / factor for linear RoPE scaling; refuses scaling types onebit does not implement.
@@ -282,5 +418,19 @@ fn rope_freq_scale(md: &Metadata, p: &str) -> Result<f32, ModelError> {
         other => {
             Err(ModelError::Unsupported(format!("RoPE scaling type '{other}' (onebit implements none and linear)")))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gemma3_pattern_makes_every_sixth_layer_global() {
+        let layers = swa_layers(6, 18);
+        let global: Vec<usize> = (0..18).filter(|&l| !layers[l]).collect();
+        assert_eq!(global, [5, 11, 17]);
+        assert!(swa_layers(0, 4).iter().all(|&s| s), "pattern 0: every layer slides");
+        assert!(swa_layers(1, 4).iter().all(|&s| !s), "pattern 1: no layer slides");
     }
 }

@@ -177,6 +177,19 @@ impl CudaNet {
                 config.arch.name()
             )));
         }
+        // The GPU's recipe is Llama's: none of Gemma's differences, nor a sliding window.
+        let gemma_like = config.embed_scale.is_some()
+            || config.activation != onebit_kernels::Glu::Silu
+            || config.arch.post_norms() != crate::config::Need::Absent
+            || config.logit_softcap.is_some()
+            || config.attn_scale != 1.0 / (config.head_dim as f32).sqrt();
+        if gemma_like || config.sliding.is_some() {
+            return Err(ModelError::Unsupported(format!(
+                "{} models on the GPU (sliding-window attention, GELU gates and Gemma's extra norms run on the CPU only); \
+                 run them on the CPU",
+                config.arch.name()
+            )));
+        }
         Ok(())
     }
 

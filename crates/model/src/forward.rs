@@ -95,6 +95,10 @@ pub struct Scratch {
     v: Vec<f32>,
     attn: Vec<f32>,
     rope: Vec<RopeAngles>,
+    /// The angles of sliding-window layers, where they have a RoPE of their own.
+    rope_swa: Vec<RopeAngles>,
+    /// One row, for norms taken in place.
+    row: Vec<f32>,
     pub(crate) acts: Acts,
     pub(crate) mlp: MlpBufs,
     /// The mixture-of-experts MLP's buffers (MoE models only).
@@ -121,6 +125,8 @@ impl Scratch {
             v: Vec::new(),
             attn: Vec::new(),
             rope: Vec::new(),
+            rope_swa: Vec::new(),
+            row: Vec::new(),
             acts: Acts::new(),
             mlp: MlpBufs::default(),
             moe: MoeScratch::default(),
@@ -149,8 +155,14 @@ impl Scratch {
         fit(&mut self.v, n * c.v_dim());
         // Attention writes over the queries when heads of q and v are equally wide.
         fit(&mut self.attn, if c.head_dim == c.value_dim { 0 } else { n * c.n_heads * c.value_dim });
+        fit(&mut self.row, c.hidden);
         while self.rope.len() < n {
             self.rope.push(RopeAngles::new(&c.rope));
+        }
+        if let Some(s) = &c.sliding {
+            while self.rope_swa.len() < n {
+                self.rope_swa.push(RopeAngles::new(&s.rope));
+            }
         }
     }
 }
@@ -196,8 +208,9 @@ pub(crate) trait Blocks {
     /// Norm, q/k/v, biases, q/k norms and RoPE, the cache write, attention, the output
     /// projection, added to the residual stream.
     fn attention(&mut self, layer: usize) -> Result<(), ModelError>;
-    /// Norm, gate and up, SwiGLU, down (of each expert the router picks, for a mixture of
-    /// experts), added to the residual stream.
+    /// Norm, gate and up, the gated activation (SwiGLU, GEGLU), down (of each expert the
+    /// router picks, for a mixture of experts), the post-norm where there is one, added to the
+    /// residual stream.
     fn mlp(&mut self, layer: usize) -> Result<(), ModelError>;
     /// Final norm and output projection of the rows that want logits.
     fn logits(&mut self) -> Result<(), ModelError>;
@@ -256,8 +269,12 @@ impl Net<'_> {
         for (s, item) in batch.iter().enumerate() {
             sc.where_.extend((0..item.tokens.len()).map(|i| (s, item.start + i)));
         }
+        let freqs = self.weights.rope_freqs.as_deref();
         for (t, &(_, pos)) in sc.where_.iter().enumerate() {
-            sc.rope[t].set(&c.rope, self.weights.rope_freqs.as_deref(), pos);
+            sc.rope[t].set(&c.rope, freqs, pos);
+            if let Some(s) = &c.sliding {
+                sc.rope_swa[t].set(&s.rope, freqs, pos);
+            }
         }
         let tables: Tables = batch.iter().map(|item| item.blocks).collect();
         let mut step = CpuStep { net: self, kv, batch, tables, sc: &mut *sc, n };
@@ -271,8 +288,20 @@ impl Net<'_> {
         let tokens = batch.iter().flat_map(|item| item.tokens.iter());
         for (row, &id) in x.chunks_exact_mut(h).zip(tokens) {
             dequantize(e.ty, e.row(id as usize), row)?;
+            if let Some(scale) = self.config.embed_scale {
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
         }
         Ok(())
+    }
+
+    /// RMS-norm every row of `rows` in place with `w`, if there is one (`tmp`: one row).
+    fn post_norm(&self, w: Option<&Vec<f32>>, rows: &mut [f32], tmp: &mut [f32]) {
+        let Some(w) = w else { return };
+        for row in rows.chunks_exact_mut(self.config.hidden) {
+            self.kernels.rms_norm(row, w, self.config.rms_eps, tmp);
+            row.copy_from_slice(tmp);
+        }
     }
 
     fn attention_block(
@@ -303,6 +332,7 @@ impl Net<'_> {
         let out = &mut sc.xn[..n * c.hidden];
         let attn = if sc.attn.is_empty() { &sc.q[..n * attn_dim] } else { &sc.attn[..n * attn_dim] };
         self.project(attn, attn_dim, &[&self.mat(&layer.wo)], &mut [out], &mut sc.acts)?;
+        self.post_norm(layer.attn_post_norm.as_ref(), &mut sc.xn[..n * c.hidden], &mut sc.row);
         add_into(&mut sc.x[..n * c.hidden], &sc.xn[..n * c.hidden]);
         Ok(())
     }
@@ -312,11 +342,12 @@ impl Net<'_> {
     fn prepare_qkv(&self, l: usize, layer: &Layer, kv: &mut KvPool, tables: &Tables, sc: &mut Scratch, n: usize) {
         let c = self.config;
         let writer = kv.writer(l);
+        let (rope, angles) = if c.window(l).is_some() { (c.layer_rope(l), &sc.rope_swa) } else { (&c.rope, &sc.rope) };
         let mut tokens: Vec<TokenQkv> = sc.q[..n * c.q_dim()]
             .chunks_exact_mut(c.q_dim())
             .zip(sc.k.chunks_exact_mut(c.kv_dim()))
             .zip(sc.v.chunks_exact_mut(c.v_dim()))
-            .zip(&sc.rope)
+            .zip(angles)
             .zip(&sc.where_[..n])
             .map(|((((q, k), v), rope), &(s, pos))| TokenQkv {
                 q,
@@ -341,7 +372,7 @@ impl Net<'_> {
                         self.kernels.rms_norm(head, w, c.rms_eps, tmp);
                         head.copy_from_slice(tmp);
                     }
-                    t.rope.apply(&c.rope, head);
+                    t.rope.apply(rope, head);
                 }
             }
             // SAFETY: every token of a batch has its own position, so its own (block, slot).
@@ -357,8 +388,15 @@ impl Net<'_> {
 
     /// Causal attention of every (token, head) over its sequence's cache.
     fn attend(&self, l: usize, kv: &KvPool, tables: &Tables, sc: &mut Scratch, n: usize) {
-        let attention =
-            Attention { config: self.config, kernels: self.kernels, layer: l, kv, tables, where_: &sc.where_[..n] };
+        let attention = Attention {
+            config: self.config,
+            kernels: self.kernels,
+            layer: l,
+            window: self.config.window(l),
+            kv,
+            tables,
+            where_: &sc.where_[..n],
+        };
         let q = &mut sc.q[..n * self.config.q_dim()];
         let out = (!sc.attn.is_empty()).then(|| &mut sc.attn[..n * self.config.n_heads * self.config.value_dim]);
         attention.run(self.pool, &sc.attn_scratch, q, out);
@@ -376,11 +414,13 @@ impl Net<'_> {
             }
             Ffn::Moe(experts) => self.moe_mlp(experts, sc, n)?,
         }
+        self.post_norm(layer.ffn_post_norm.as_ref(), &mut sc.xn[..n * c.hidden], &mut sc.row);
         add_into(&mut sc.x[..n * c.hidden], &sc.xn[..n * c.hidden]);
         Ok(())
     }
 
-    /// `down · (silu(gate · x) ⊙ (up · x))` for every row of `x`, written over it.
+    /// `down · (act(gate · x) ⊙ (up · x))` for every row of `x`, written over it (`act`: the
+    /// model's activation, SiLU or GELU).
     pub(crate) fn gated_mlp(
         &self,
         [gate, up, down]: [&MatRef; 3],
@@ -391,18 +431,19 @@ impl Net<'_> {
         let (cols, width) = (gate.cols, gate.rows);
         let n = x.len() / cols;
         if ActFormat::for_weights(gate.ty)? == ActFormat::for_weights(up.ty)? {
-            // silu(gate) · up straight into the down projection's activations: neither
+            // act(gate) · up straight into the down projection's activations: neither
             // product is ever held whole.
             let types = [gate.ty, up.ty];
             self.kernels.quantize_acts_for(self.pool, &types, x, cols, acts)?;
-            self.kernels.matmul_glu_acts(self.pool, gate, up, acts, &[down.ty], &mut bufs.acts)?;
+            let glu = self.config.activation;
+            self.kernels.matmul_gated_acts(self.pool, glu, gate, up, acts, &[down.ty], &mut bufs.acts)?;
             self.kernels.matmul(self.pool, down, &bufs.acts, x)?;
         } else {
             bufs.gate.resize(n * width, 0.0);
             bufs.up.resize(n * width, 0.0);
             let (g, u) = (&mut bufs.gate[..n * width], &mut bufs.up[..n * width]);
             self.project(x, cols, &[gate, up], &mut [g, u], acts)?;
-            self.kernels.silu_mul(&mut bufs.gate[..n * width], &bufs.up[..n * width]);
+            self.kernels.glu(self.config.activation, &mut bufs.gate[..n * width], &bufs.up[..n * width]);
             self.project(&bufs.gate[..n * width], width, &[down], &mut [x], acts)?;
         }
         Ok(())
@@ -471,6 +512,11 @@ impl Net<'_> {
         }
         let out = &mut sc.logits.data[..m * out_w.rows];
         self.project(&sc.xn[..m * c.hidden], c.hidden, &[&out_w], &mut [out], &mut sc.acts)?;
+        if let Some(cap) = c.logit_softcap {
+            // As ggml: scaled by 1/cap, tanh, scaled by cap.
+            let inv = 1.0 / cap;
+            out.iter_mut().for_each(|v| *v = (*v * inv).tanh() * cap);
+        }
         Ok(())
     }
 }

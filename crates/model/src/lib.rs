@@ -1,5 +1,5 @@
 //! Llama-family transformers from GGUF files: Qwen3 (and PrismML's Bonsai), Qwen3-MoE, Qwen2,
-//! Llama (SmolLM, Llama 1/2/3, Mistral GGUFs) and `mistral`.
+//! Llama (SmolLM, Llama 1/2/3, Mistral GGUFs), `mistral`, and Gemma 3 (sliding-window layers).
 //!
 //! ```no_run
 //! use onebit_kernels::Pool;

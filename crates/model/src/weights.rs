@@ -71,6 +71,9 @@ pub(crate) struct Layer {
     pub k_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
     pub ffn: Ffn,
+    /// Norms of the attention's and the MLP's outputs (Gemma).
+    pub attn_post_norm: Option<Vec<f32>>,
+    pub ffn_post_norm: Option<Vec<f32>>,
 }
 
 /// A layer's MLP: one gated MLP, or a router over experts.
@@ -295,6 +298,8 @@ fn load_layer(tab: &mut Table, c: &Config, i: usize) -> Result<Layer, ModelError
         k_norm: tab.vector(&n("attn_k_norm.weight"), c.head_dim, arch.qk_norm())?,
         ffn_norm: tab.required_vector(&n("ffn_norm.weight"), h)?,
         ffn: load_ffn(tab, c, i)?,
+        attn_post_norm: tab.vector(&n("post_attention_norm.weight"), h, arch.post_norms())?,
+        ffn_post_norm: tab.vector(&n("post_ffw_norm.weight"), h, arch.post_norms())?,
     };
     // Optional biases come in complete sets or not at all.
     if layer.bq.is_some() != layer.bk.is_some() || layer.bk.is_some() != layer.bv.is_some() {

@@ -200,3 +200,23 @@ fn devices_parse_and_a_missing_gpu_is_a_clear_error() {
     let cpu = build(&TINY, |_| {}).unwrap();
     assert_eq!(cpu.device(), Device::Cpu);
 }
+
+/// Gemma 3 reads its sliding window and layer pattern from the metadata (the pattern fixed as
+/// llama.cpp fixes it), and the GPU refuses it by name, before it looks for a GPU at all.
+#[test]
+fn gemma3_config_and_the_gpu_refusing_it() {
+    let Some(path) = onebit_testkit::gemma3_model() else {
+        return;
+    };
+    let model = Model::load(&path, &ModelOptions::default()).unwrap();
+    let c = model.config();
+    assert_eq!(c.arch, Arch::Gemma3);
+    let s = c.sliding.as_ref().unwrap();
+    assert_eq!(s.window, 512);
+    assert_eq!((0..18).filter(|&l| c.window(l).is_none()).collect::<Vec<_>>(), [5, 11, 17]);
+    assert_eq!((s.rope.freq_base, c.rope.freq_base), (10_000.0, 1_000_000.0));
+    assert_eq!(c.embed_scale, Some(640f32.sqrt()));
+    let options = ModelOptions { device: Device::Cuda(0), ..ModelOptions::default() };
+    let e = Model::load(&path, &options).unwrap_err();
+    assert!(matches!(e, ModelError::Unsupported(_)) && e.to_string().contains("gemma3"), "{e}");
+}

@@ -75,12 +75,25 @@ pub fn cache_dir() -> Option<PathBuf> {
 /// The demo model in onebit's cache, or `None` (after saying how to fetch it) when absent
 /// outside CI. In CI its absence is a failure: `.ci/run` fetches it first.
 pub fn demo_model() -> Option<PathBuf> {
-    let path = cache_dir().map(|d| d.join("models").join(DEMO_MODEL));
+    cached_model(DEMO_MODEL)
+}
+
+/// The file name of Gemma 3 270M (base, Q4_K_M), the real model with sliding-window layers.
+pub const GEMMA3_MODEL: &str = "gemma-3-270m-q4_k_m.gguf";
+
+/// Gemma 3 270M in onebit's cache, or `None` (after saying how to fetch it) when absent
+/// outside CI, where `make fetch-model` fetches it with the demo model.
+pub fn gemma3_model() -> Option<PathBuf> {
+    cached_model(GEMMA3_MODEL)
+}
+
+fn cached_model(file: &str) -> Option<PathBuf> {
+    let path = cache_dir().map(|d| d.join("models").join(file));
     if let Some(p) = path.as_ref().filter(|p| p.is_file()) {
         return Some(p.clone());
     }
-    assert!(!in_ci(), "{DEMO_MODEL} is not in onebit's cache: `make fetch-model` puts it there");
-    eprintln!("skipping: {DEMO_MODEL} is not in onebit's cache (run `make fetch-model`)");
+    assert!(!in_ci(), "{file} is not in onebit's cache: `make fetch-model` puts it there");
+    eprintln!("skipping: {file} is not in onebit's cache (run `make fetch-model`)");
     None
 }
 

@@ -10,10 +10,15 @@ fn ids(v: &Value) -> Vec<u32> {
 }
 
 fn check_vocab(fixture: &str, model: &str) {
+    check_vocab_at(fixture, onebit_testkit::shared_file(model));
+}
+
+fn check_vocab_at(fixture: &str, model: Option<std::path::PathBuf>) {
     let Some(fx) = onebit_testkit::fixture(fixture) else {
         return;
     };
-    let file = GgufFile::open(onebit_testkit::shared_file(model).unwrap()).unwrap();
+    let Some(model) = model else { return };
+    let file = GgufFile::open(model).unwrap();
     let tok = Tokenizer::from_metadata(&file.metadata()).unwrap();
     let mut failures = Vec::new();
     let cases = fx["cases"].as_array().unwrap();
@@ -83,6 +88,13 @@ fn gpt_2() {
 #[test]
 fn deepseek_llm() {
     check_vocab("tokenizer-deepseek-llm.json", "models/vocab/ggml-vocab-deepseek-llm.gguf");
+}
+
+/// Gemma 3's SentencePiece vocabulary (262,144 tokens, user-defined tokens for whitespace runs
+/// and HTML tags that match even in plain text), from the real model in onebit's cache.
+#[test]
+fn gemma3() {
+    check_vocab_at("tokenizer-gemma3.json", onebit_testkit::gemma3_model());
 }
 
 #[test]

@@ -16,6 +16,7 @@ pub(crate) static TABLE: Table = Table {
     rms_norm: ops::rms_norm,
     softmax: ops::softmax,
     silu_mul: ops::silu_mul,
+    gelu_mul: ops::gelu_mul,
     dot_f32: ops::dot_f32,
     f16_to_f32: ops::f16_to_f32,
     f32_to_f16: ops::f32_to_f16,

@@ -30,6 +30,46 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// GELU (tanh form) of an f32, in ggml's order of f32 operations.
+pub fn gelu(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044715;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh())
+}
+
+/// GELU of every f16 value, rounded to f16 and widened (indexed by the f16's bits): ggml's
+/// CPU backend computes GELU by this table, so matching it matters for parity.
+pub fn gelu_table() -> &'static [f32; 1 << 16] {
+    static TABLE: std::sync::OnceLock<Box<[f32; 1 << 16]>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut t = Box::new([0f32; 1 << 16]);
+        for (bits, v) in t.iter_mut().enumerate() {
+            let x = crate::formats::f16_to_f32(bits as u16);
+            *v = crate::formats::f16_to_f32(crate::formats::f32_to_f16(gelu(x)));
+        }
+        t
+    })
+}
+
+/// Below this GELU is 0, above it the identity (as ggml's table lookup has it).
+pub const GELU_LIMIT: f32 = 10.0;
+
+/// GEGLU: `gate[i] = gelu(gate[i]) * up[i]`, GELU taken as ggml's CPU backend takes it: by the
+/// table of [`gelu_table`] at the gate rounded to f16, 0 at or below −10, the identity at or
+/// above 10.
+pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
+    let table = gelu_table();
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = if *g <= -GELU_LIMIT {
+            0.0
+        } else if *g >= GELU_LIMIT {
+            *g * u
+        } else {
+            table[crate::formats::f32_to_f16(*g) as usize] * u
+        };
+    }
+}
+
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }

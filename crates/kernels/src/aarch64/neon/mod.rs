@@ -21,6 +21,7 @@ pub(crate) const TABLE: Table = Table {
     rms_norm: scalar::ops::rms_norm,
     softmax: scalar::ops::softmax,
     silu_mul: scalar::ops::silu_mul,
+    gelu_mul: scalar::ops::gelu_mul,
     dot_f32: ops::dot_f32,
     f16_to_f32: scalar::ops::f16_to_f32,
     f32_to_f16: scalar::ops::f32_to_f16,

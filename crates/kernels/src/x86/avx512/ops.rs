@@ -1,4 +1,4 @@
-//! AVX-512 vector operations of a layer: RMS norm, softmax, SwiGLU, f32 dot.
+//! AVX-512 vector operations of a layer: RMS norm, softmax, SwiGLU, GEGLU, f32 dot.
 
 use std::arch::x86_64::*;
 
@@ -164,6 +164,33 @@ fn silu_mul_impl(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// GEGLU as the scalar reference takes it: each gate rounded to f16 (`vcvtps2ph`, nearest
+/// even) indexes the GELU table through a gather.
+#[target_feature(enable = "avx512f")]
+fn gelu_mul_impl(gate: &mut [f32], up: &[f32]) {
+    use crate::scalar::ops::{GELU_LIMIT, gelu_table};
+    let n = gate.len().min(up.len());
+    let table = gelu_table();
+    let (lo, hi) = (_mm512_set1_ps(-GELU_LIMIT), _mm512_set1_ps(GELU_LIMIT));
+    let mut i = 0;
+    while i < n {
+        let k = (n - i).min(16);
+        let mask = ((1u32 << k) - 1) as u16;
+        // SAFETY: the mask enables lanes `i .. i + k` with `i + k <= n`, the shorter of the two
+        // lengths; the gather's indices are 16-bit values, inside the table of 2^16 entries.
+        unsafe {
+            let g = _mm512_maskz_loadu_ps(mask, gate.as_ptr().add(i));
+            let u = _mm512_maskz_loadu_ps(mask, up.as_ptr().add(i));
+            let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(g);
+            let t = _mm512_i32gather_ps::<4>(_mm512_cvtepu16_epi32(h), table.as_ptr());
+            let v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(g, hi), t, g);
+            let v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LE_OQ>(g, lo), v, _mm512_setzero_ps());
+            _mm512_mask_storeu_ps(gate.as_mut_ptr().add(i), mask, _mm512_mul_ps(v, u));
+        }
+        i += 16;
+    }
+}
+
 #[target_feature(enable = "avx512f")]
 fn dot_f32_impl(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
@@ -204,6 +231,10 @@ pub(crate) fn softmax(x: &mut [f32]) {
 pub(crate) fn silu_mul(gate: &mut [f32], up: &[f32]) {
     // SAFETY: AVX-512 tier (see `rms_norm`); the kernel stops at the shorter slice.
     unsafe { silu_mul_impl(gate, up) }
+}
+pub(crate) fn gelu_mul(gate: &mut [f32], up: &[f32]) {
+    // SAFETY: AVX-512 tier (see `rms_norm`); the kernel stops at the shorter slice.
+    unsafe { gelu_mul_impl(gate, up) }
 }
 pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     // SAFETY: AVX-512 tier (see `rms_norm`); the kernel stops at the shorter slice.
