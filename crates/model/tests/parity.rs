@@ -61,6 +61,11 @@ fn check_model(fixture: &str, model_path: Option<PathBuf>, exact: &[usize]) {
         } else {
             &[BatchRounding::Fast]
         };
+        // The scalar tier skips long (sparse) prompts: hundreds of token-at-a-time steps of
+        // scalar products take most of CI's time for this test, and the window logic they check
+        // is the model's, not the tier's (the SIMD tiers run them; the kernels' tier tests hold
+        // each SIMD kernel to the scalar one).
+        let fx = if tier == KernelTier::Scalar { without_sparse(&fx) } else { fx.clone() };
         for &batch_rounding in roundings {
             let options = ModelOptions { kernel_tier: Some(tier), batch_rounding, ..ModelOptions::default() };
             let model = Model::load(&path, &options).unwrap();
@@ -177,6 +182,15 @@ fn check_together(fx: &Value, model: &Model, name: &str) {
 /// greedy rules stay as strict as every model's.
 fn tolerance(fx: &Value) -> (f64, f64) {
     if fx["model"].as_str().unwrap().starts_with("gemma-3") { (0.8, 0.3) } else { (0.5, 0.15) }
+}
+
+/// The fixture without its sparse (long) prompts.
+fn without_sparse(fx: &Value) -> Value {
+    let mut fx = fx.clone();
+    if let Some(prompts) = fx["prompts"].as_array_mut() {
+        prompts.retain(|p| p["sparse"].as_bool() != Some(true));
+    }
+    fx
 }
 
 /// A prompt's reference positions with the token each follows: all of them, or a sparse
