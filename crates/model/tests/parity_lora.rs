@@ -5,7 +5,7 @@
 //! where sequences use the adapter at different scales or not at all, each checked against its
 //! own reference. Adapters that do not fit are refused by name.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use onebit_gguf::{GgmlType, GgufWriter, OwnedValue};
@@ -31,8 +31,8 @@ fn inputs(fixture: &str) -> Option<(Value, PathBuf, PathBuf)> {
     Some((fx, model, adapter))
 }
 
-fn load(model: &PathBuf, adapter: &PathBuf, tier: KernelTier) -> Model {
-    let options = ModelOptions { kernel_tier: Some(tier), lora: vec![adapter.clone()], ..ModelOptions::default() };
+fn load(model: &Path, adapter: &Path, tier: KernelTier) -> Model {
+    let options = ModelOptions { kernel_tier: Some(tier), lora: vec![adapter.to_path_buf()], ..ModelOptions::default() };
     Model::load(model, &options).unwrap()
 }
 
