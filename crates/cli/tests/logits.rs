@@ -69,7 +69,12 @@ fn lora_flags_match_llama_cpp_with_the_adapter() {
     check_fixture("logits-lora-qwen3-q8_0-s1.json", &["--lora", adapter], 2, false);
     check_fixture("logits-lora-qwen3-q8_0-s0.5.json", &["--lora-scaled", adapter, "0.5"], 1, true);
     // Two adapters at 0.25 each are one at 0.5.
-    check_fixture("logits-lora-qwen3-q8_0-s0.5.json", &["--lora-scaled", adapter, "0.25", "--lora-scaled", adapter, "0.25"], 3, false);
+    check_fixture(
+        "logits-lora-qwen3-q8_0-s0.5.json",
+        &["--lora-scaled", adapter, "0.25", "--lora-scaled", adapter, "0.25"],
+        3,
+        false,
+    );
 }
 
 #[test]

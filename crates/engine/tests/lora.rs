@@ -63,10 +63,14 @@ fn requests_with_different_adapters_batched_together_match_each_alone() {
         let sets = sets();
         let prompts: Vec<Vec<u32>> = (0..sets.len()).map(|i| prompt(20 + 13 * i, i as u32)).collect();
         let alone_s = start(&e, 1);
-        let alone: Vec<Generated> =
-            prompts.iter().zip(&sets).map(|(p, l)| run(&alone_s, p.clone(), request(l.clone())).join().unwrap()).collect();
+        let alone: Vec<Generated> = prompts
+            .iter()
+            .zip(&sets)
+            .map(|(p, l)| run(&alone_s, p.clone(), request(l.clone())).join().unwrap())
+            .collect();
         let together_s = start(&e, sets.len());
-        let handles: Vec<_> = prompts.iter().zip(&sets).map(|(p, l)| run(&together_s, p.clone(), request(l.clone()))).collect();
+        let handles: Vec<_> =
+            prompts.iter().zip(&sets).map(|(p, l)| run(&together_s, p.clone(), request(l.clone()))).collect();
         let together: Vec<Generated> = handles.into_iter().map(|h| h.join().unwrap()).collect();
         for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
             assert_eq!(a.0, t.0, "[{tier}] request {i} ({:?}): tokens differ", sets[i]);

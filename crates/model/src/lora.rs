@@ -9,8 +9,8 @@
 //! The update is never merged into the weights: a 1-bit matrix cannot hold `W + s·B·A`, and one
 //! copy of the base weights serves every adapter. Each row of a batch names its own adapters
 //! (S-LoRA / Punica style): the base product runs once over the whole batch, then rows are
-//! grouped by their adapter set and each group gets its low-rank products, in f32 (the adapter's
-//! weights are widened once at load). Every value of a row's update is one dot product of that
+//! grouped by their adapter set and each group gets its low-rank products, in f32 (F16 adapter
+//! weights stay halves in memory and are widened as they are read). Every value of a row's update is one dot product of that
 //! row alone, so a row's result never depends on what else shares the batch.
 
 use std::path::{Path, PathBuf};
@@ -60,20 +60,48 @@ pub(crate) enum Site {
     Output,
 }
 
-/// One adapted matrix's update, widened to f32.
+/// One adapted matrix's update.
 struct LowRank {
     rank: usize,
     n_in: usize,
     n_out: usize,
     /// `rank` rows of `n_in`.
-    a: Vec<f32>,
+    a: Values,
     /// `n_out` rows of `rank`.
-    b: Vec<f32>,
+    b: Values,
     /// `alpha / rank`, or 1 without an alpha.
     factor: f32,
-    /// Whether A and B were stored as IEEE halves.
-    a_f16: bool,
-    b_f16: bool,
+}
+
+/// A matrix of the adapter: IEEE halves kept as they are (decoding reads every value of every
+/// adapted matrix once per step, so half the bytes is most of the time), anything else
+/// widened to f32 at load.
+enum Values {
+    F16(Vec<u16>),
+    F32(Vec<f32>),
+}
+
+thread_local! {
+    /// Rows of an F16 matrix widened for the dot products of one job.
+    static WIDE: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Values {
+    fn is_f16(&self) -> bool {
+        matches!(self, Values::F16(_))
+    }
+
+    /// `f(values)` for the values `range` as f32 (widened exactly, into a buffer of the thread).
+    fn with_f32<R>(&self, k: Kernels, range: std::ops::Range<usize>, f: impl FnOnce(&[f32]) -> R) -> R {
+        match self {
+            Values::F32(v) => f(&v[range]),
+            Values::F16(v) => WIDE.with_borrow_mut(|w| {
+                w.resize(range.len(), 0.0);
+                k.f16_to_f32(&v[range], w);
+                f(w)
+            }),
+        }
+    }
 }
 
 /// A LoRA adapter, checked against the model it was loaded for.
@@ -244,17 +272,20 @@ impl LowRank {
             let msg = format!("lora_b has shape {:?}, expected [{rank}, {n_out}]", b.shape());
             return Err(bad(path, Some(name), msg));
         }
-        let widen = |t: &Tensor, len: usize| -> Result<Vec<f32>, ModelError> {
+        let read = |t: &Tensor, len: usize| -> Result<Values, ModelError> {
+            if t.ggml_type() == GgmlType::F16 {
+                let bits = t.data().chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
+                return Ok(Values::F16(bits));
+            }
             if !can_dequantize(t.ggml_type()) {
                 return Err(bad(path, Some(t.name()), format!("type {} cannot be read", t.ggml_type())));
             }
             let mut out = vec![0f32; len];
             dequantize(t.ggml_type(), t.data(), &mut out).map_err(|e| bad(path, Some(t.name()), e.to_string()))?;
-            Ok(out)
+            Ok(Values::F32(out))
         };
         let factor = if alpha != 0.0 { alpha / rank as f32 } else { 1.0 };
-        let (a_f16, b_f16) = (a.ggml_type() == GgmlType::F16, b.ggml_type() == GgmlType::F16);
-        Ok(LowRank { rank, n_in, n_out, a: widen(a, rank * n_in)?, b: widen(b, n_out * rank)?, factor, a_f16, b_f16 })
+        Ok(LowRank { rank, n_in, n_out, a: read(a, rank * n_in)?, b: read(b, n_out * rank)?, factor })
     }
 }
 
@@ -328,9 +359,7 @@ impl<'a> LoraBatch<'a> {
     }
 }
 
-/// Weights per job of the first product, and output values per job of the second: enough work
-/// to be worth handing out.
-const IN_CHUNK: usize = 8192;
+/// Output values per job of the second product: enough work to be worth handing out.
 const OUT_CHUNK: usize = 256;
 
 impl LowRank {
@@ -341,7 +370,7 @@ impl LowRank {
         // ggml's F16 product does to its input (the updates then match llama.cpp's closely).
         let mut xs = Vec::with_capacity(rows.len() * n_in);
         rows.iter().for_each(|&row| xs.extend_from_slice(&x[row * n_in..(row + 1) * n_in]));
-        if self.a_f16 {
+        if self.a.is_f16() {
             k.round_f16(&mut xs);
         }
         let x = &xs;
@@ -349,32 +378,37 @@ impl LowRank {
         let mut tmp = vec![0f32; rows.len() * r];
         {
             let t = DisjointRows::new(&mut tmp, 1);
-            let per_job = (IN_CHUNK / n_in).max(1);
-            pool.for_chunks(rows.len() * r, per_job, &|_, range| {
-                for i in range {
-                    let (row, j) = (i / r, i % r);
-                    let v = k.dot_f32(&x[row * n_in..(row + 1) * n_in], &self.a[j * n_in..(j + 1) * n_in]);
-                    // SAFETY: the pool hands each index to one thread.
-                    let ti = unsafe { t.row(i) };
-                    ti[0] = v;
+            // By rows of A, each widened once for all the rows of x.
+            pool.for_chunks(r, 1, &|_, js| {
+                for j in js {
+                    self.a.with_f32(k, j * n_in..(j + 1) * n_in, |aj| {
+                        for (i, xr) in x.chunks_exact(n_in).enumerate() {
+                            let v = k.dot_f32(xr, aj);
+                            // SAFETY: value (i, j) is written by the one job of row j of A.
+                            let ti = unsafe { t.row(i * r + j) };
+                            ti[0] = v;
+                        }
+                    });
                 }
             });
         }
-        if self.b_f16 {
+        if self.b.is_f16() {
             k.round_f16(&mut tmp);
         }
         // out += s·B·t, by runs of output values.
         let t = &tmp;
         let dst = DisjointRows::new(out, n_out);
         pool.for_chunks(n_out, OUT_CHUNK, &|_, cols| {
-            for (i, &row) in rows.iter().enumerate() {
-                // SAFETY: each run of columns goes to one thread, and rows are distinct.
-                let o = unsafe { dst.row_part(row, cols.clone()) };
-                let ti = &t[i * r..(i + 1) * r];
-                for (ov, bj) in o.iter_mut().zip(self.b[cols.start * r..cols.end * r].chunks_exact(r)) {
-                    *ov += s * k.dot_f32(ti, bj);
+            self.b.with_f32(k, cols.start * r..cols.end * r, |b| {
+                for (i, &row) in rows.iter().enumerate() {
+                    // SAFETY: each run of columns goes to one thread, and rows are distinct.
+                    let o = unsafe { dst.row_part(row, cols.clone()) };
+                    let ti = &t[i * r..(i + 1) * r];
+                    for (ov, bj) in o.iter_mut().zip(b.chunks_exact(r)) {
+                        *ov += s * k.dot_f32(ti, bj);
+                    }
                 }
-            }
+            });
         });
     }
 }

@@ -35,7 +35,10 @@ async fn adapters_are_listed_and_their_scales_set() {
     assert_eq!(status, 200);
     let list = list.as_array().unwrap();
     assert_eq!(list.len(), 2);
-    assert_eq!((list[1]["id"].as_u64(), list[1]["scale"].as_f64(), list[1]["rank"].as_u64()), (Some(1), Some(1.0), Some(8)));
+    assert_eq!(
+        (list[1]["id"].as_u64(), list[1]["scale"].as_f64(), list[1]["rank"].as_u64()),
+        (Some(1), Some(1.0), Some(8))
+    );
     assert!(list[0]["path"].as_str().unwrap().ends_with("lora-qwen3-q8_0-r8.gguf"));
 
     let (status, ok) = s.post("/lora-adapters", &json!([{ "id": 1, "scale": 0.5 }])).await;

@@ -51,7 +51,8 @@ pub fn run(mut args: Args) -> Result<()> {
         for (i, t) in tokens.iter().enumerate() {
             let want =
                 if args.all_positions || i + 1 == tokens.len() { LogitsWanted::Last } else { LogitsWanted::None };
-            let out = model.forward_one_adapted(&pool, &mut cache, std::slice::from_ref(t), &lora, want, &mut scratch)?;
+            let out =
+                model.forward_one_adapted(&pool, &mut cache, std::slice::from_ref(t), &lora, want, &mut scratch)?;
             if let Some(l) = out.last(0) {
                 rows.push(l.to_vec());
             }

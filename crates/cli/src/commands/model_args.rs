@@ -71,9 +71,11 @@ impl LoraArgs {
     pub fn uses(&self) -> Result<Vec<LoraUse>> {
         let mut scales = vec![1.0; self.lora.len()];
         for pair in self.lora_scaled.chunks_exact(2) {
-            let scale: f32 = pair[1].parse().ok().filter(|s: &f32| s.is_finite()).with_context(|| {
-                format!("--lora-scaled {} {}: the scale must be a number", pair[0], pair[1])
-            })?;
+            let scale: f32 = pair[1]
+                .parse()
+                .ok()
+                .filter(|s: &f32| s.is_finite())
+                .with_context(|| format!("--lora-scaled {} {}: the scale must be a number", pair[0], pair[1]))?;
             scales.push(scale);
         }
         Ok(scales.into_iter().enumerate().map(|(id, scale)| LoraUse { id, scale }).collect())

@@ -358,10 +358,10 @@ impl Worker {
             stats.masks += masking.len() as u64;
             // On a pool worker, not a thread of its own: a third thread would take a core from
             // a pool thread mid-job and every job would wait for it (see `Pool::beside`).
-            let ((masking, micros), logits) =
-                pool.beside(move || compute_masks(masking), || {
-                engine.model().forward_adapted(pool, kv, &inputs, &lora, scratch)
-            });
+            let ((masking, micros), logits) = pool.beside(
+                move || compute_masks(masking),
+                || engine.model().forward_adapted(pool, kv, &inputs, &lora, scratch),
+            );
             stats.mask_micros += micros;
             (logits, masking)
         };
