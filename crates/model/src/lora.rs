@@ -67,8 +67,9 @@ struct LowRank {
     n_out: usize,
     /// `rank` rows of `n_in`.
     a: Values,
-    /// `n_out` rows of `rank`.
-    b: Values,
+    /// B transposed: `rank` rows of `n_out` (the second product adds `t_j` times row j to
+    /// each output, over whole runs of outputs, instead of one short dot product per output).
+    bt: Values,
     /// `alpha / rank`, or 1 without an alpha.
     factor: f32,
 }
@@ -87,6 +88,17 @@ thread_local! {
 }
 
 impl Values {
+    /// The `cols × rows` transpose of these `rows × cols` values.
+    fn transposed(self, rows: usize, cols: usize) -> Values {
+        fn t<T: Copy>(v: &[T], rows: usize, cols: usize) -> Vec<T> {
+            (0..cols).flat_map(|c| (0..rows).map(move |r| v[r * cols + c])).collect()
+        }
+        match self {
+            Values::F16(v) => Values::F16(t(&v, rows, cols)),
+            Values::F32(v) => Values::F32(t(&v, rows, cols)),
+        }
+    }
+
     fn is_f16(&self) -> bool {
         matches!(self, Values::F16(_))
     }
@@ -285,7 +297,8 @@ impl LowRank {
             Ok(Values::F32(out))
         };
         let factor = if alpha != 0.0 { alpha / rank as f32 } else { 1.0 };
-        Ok(LowRank { rank, n_in, n_out, a: read(a, rank * n_in)?, b: read(b, n_out * rank)?, factor })
+        let bt = read(b, n_out * rank)?.transposed(n_out, rank);
+        Ok(LowRank { rank, n_in, n_out, a: read(a, rank * n_in)?, bt, factor })
     }
 }
 
@@ -392,23 +405,30 @@ impl LowRank {
                 }
             });
         }
-        if self.b.is_f16() {
+        if self.bt.is_f16() {
             k.round_f16(&mut tmp);
         }
         // out += s·B·t, by runs of output values.
         let t = &tmp;
         let dst = DisjointRows::new(out, n_out);
         pool.for_chunks(n_out, OUT_CHUNK, &|_, cols| {
-            self.b.with_f32(k, cols.start * r..cols.end * r, |b| {
-                for (i, &row) in rows.iter().enumerate() {
-                    // SAFETY: each run of columns goes to one thread, and rows are distinct.
-                    let o = unsafe { dst.row_part(row, cols.clone()) };
-                    let ti = &t[i * r..(i + 1) * r];
-                    for (ov, bj) in o.iter_mut().zip(b.chunks_exact(r)) {
-                        *ov += s * k.dot_f32(ti, bj);
-                    }
+            let w = cols.len();
+            // Rows j of Bᵀ over these outputs, one after another.
+            let mut b = vec![0f32; r * w];
+            for (j, bj) in b.chunks_exact_mut(w).enumerate() {
+                self.bt.with_f32(k, j * n_out + cols.start..j * n_out + cols.end, |v| bj.copy_from_slice(v));
+            }
+            let mut acc = vec![0f32; w];
+            for (i, &row) in rows.iter().enumerate() {
+                // B·t for this row, summed over j in order (the same order for every row).
+                acc.fill(0.0);
+                for (&tj, bj) in t[i * r..(i + 1) * r].iter().zip(b.chunks_exact(w)) {
+                    acc.iter_mut().zip(bj).for_each(|(a, &bv)| *a += tj * bv);
                 }
-            });
+                // SAFETY: each run of columns goes to one thread, and rows are distinct.
+                let o = unsafe { dst.row_part(row, cols.clone()) };
+                o.iter_mut().zip(&acc).for_each(|(ov, &a)| *ov += s * a);
+            }
         });
     }
 }

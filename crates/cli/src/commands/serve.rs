@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use onebit_engine::{Engine, Scheduler};
+use onebit_engine::Scheduler;
 use onebit_server::{Loaded, ServerConfig};
 
 use super::model_args::{EngineArgs, ModelArgs};
