@@ -10,8 +10,9 @@
 //! copy of the base weights serves every adapter. Each row of a batch names its own adapters
 //! (S-LoRA / Punica style): the base product runs once over the whole batch, then rows are
 //! grouped by their adapter set and each group gets its low-rank products, in f32 (F16 adapter
-//! weights stay halves in memory and are widened as they are read). Every value of a row's update is one dot product of that
-//! row alone, so a row's result never depends on what else shares the batch.
+//! weights stay halves in memory and are widened as they are read). Every value of a row's
+//! update is computed from that row alone, in one fixed order of operations, so a row's result
+//! never depends on what else shares the batch.
 
 use std::path::{Path, PathBuf};
 
