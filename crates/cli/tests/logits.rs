@@ -4,14 +4,21 @@
 use std::process::Command;
 
 fn check(model: &str, prompt: usize, decode: bool) {
-    let Some(fx) = onebit_testkit::fixture(&format!("logits-{model}.json")) else {
+    check_fixture(&format!("logits-{model}.json"), &[], prompt, decode);
+}
+
+/// Check against `fixture` (whose model is named in it), with more arguments `extra`.
+fn check_fixture(fixture: &str, extra: &[&str], prompt: usize, decode: bool) {
+    let Some(fx) = onebit_testkit::fixture(fixture) else {
         return;
     };
+    let model = fx["model"].as_str().unwrap().trim_end_matches(".gguf").to_string();
     let path = onebit_testkit::shared_file(&format!("models/{model}.gguf")).unwrap();
     let p = &fx["prompts"][prompt];
     let tokens: Vec<String> = p["tokens"].as_array().unwrap().iter().map(|t| t.to_string()).collect();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_onebit"));
     cmd.args(["logits", "-m", path.to_str().unwrap(), "--tokens", &tokens.join(","), "--all-positions", "--json"]);
+    cmd.args(extra);
     if decode {
         cmd.arg("--decode");
     }
@@ -53,4 +60,36 @@ fn logits_json_matches_the_fixture_in_batch() {
 #[test]
 fn logits_json_matches_the_fixture_in_decode() {
     check("llama-q4_k_m", 3, true);
+}
+
+#[test]
+fn lora_flags_match_llama_cpp_with_the_adapter() {
+    let Some(adapter) = onebit_testkit::shared_file("models/lora-qwen3-q8_0-r8.gguf") else { return };
+    let adapter = adapter.to_str().unwrap();
+    check_fixture("logits-lora-qwen3-q8_0-s1.json", &["--lora", adapter], 2, false);
+    check_fixture("logits-lora-qwen3-q8_0-s0.5.json", &["--lora-scaled", adapter, "0.5"], 1, true);
+    // Two adapters at 0.25 each are one at 0.5.
+    check_fixture(
+        "logits-lora-qwen3-q8_0-s0.5.json",
+        &["--lora-scaled", adapter, "0.25", "--lora-scaled", adapter, "0.25"],
+        3,
+        false,
+    );
+}
+
+#[test]
+fn an_adapter_for_another_model_is_refused_by_name() {
+    let (Some(model), Some(adapter)) = (
+        onebit_testkit::shared_file("models/llama-q4_1.gguf"),
+        onebit_testkit::shared_file("models/lora-qwen3-q8_0-r8.gguf"),
+    ) else {
+        return;
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_onebit"))
+        .args(["logits", "-m", model.to_str().unwrap(), "--tokens", "1,2", "--lora", adapter.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("lora-qwen3-q8_0-r8.gguf") && err.contains("architecture 'qwen3'"), "{err}");
 }

@@ -54,6 +54,9 @@ pub(crate) struct BlockManager {
     index: HashMap<BlockKey, u32>,
     tick: u64,
     next_node: u64,
+    /// The content node a sequence starts from, per LoRA adapter set (the empty set: 0):
+    /// the same tokens computed with other adapters are other content.
+    roots: HashMap<Vec<(usize, u32)>, u64>,
 }
 
 impl BlockManager {
@@ -66,6 +69,7 @@ impl BlockManager {
             index: HashMap::new(),
             tick: 0,
             next_node: 1,
+            roots: HashMap::new(),
         }
     }
 
@@ -74,11 +78,24 @@ impl BlockManager {
         self.free.len() + self.idle.len()
     }
 
-    /// The cached blocks holding the longest prefix of `tokens` made of whole blocks, at most
-    /// `max_blocks` of them, without taking them: `(block, node)` in order.
-    pub fn find_prefix(&self, tokens: &[u32], max_blocks: usize) -> Vec<(u32, u64)> {
+    /// The node the content of a sequence with adapters `lora` starts from.
+    pub fn root(&mut self, lora: &[onebit_model::LoraUse]) -> u64 {
+        if lora.is_empty() {
+            return 0;
+        }
+        let key = lora.iter().map(|u| (u.id, u.scale.to_bits())).collect();
+        *self.roots.entry(key).or_insert_with(|| {
+            self.next_node += 1;
+            self.next_node - 1
+        })
+    }
+
+    /// The cached blocks holding the longest prefix of `tokens` made of whole blocks after the
+    /// content `root` ([`BlockManager::root`]), at most `max_blocks` of them, without taking
+    /// them: `(block, node)` in order.
+    pub fn find_prefix(&self, root: u64, tokens: &[u32], max_blocks: usize) -> Vec<(u32, u64)> {
         let mut found = Vec::new();
-        let mut parent = 0;
+        let mut parent = root;
         for chunk in tokens.chunks_exact(self.block_tokens).take(max_blocks) {
             let key = BlockKey { parent, tokens: chunk.into() };
             let Some(&block) = self.index.get(&key) else { break };
@@ -235,15 +252,32 @@ mod tests {
         bm.register(b, na, &[7, 8]);
         bm.release(b);
         bm.release(a);
-        assert_eq!(bm.find_prefix(&[5, 6, 7, 8, 9], 9), vec![(a, na), (b, na + 1)]);
-        assert_eq!(bm.find_prefix(&[5, 6, 7, 8], 1).len(), 1, "at most max_blocks");
-        assert!(bm.find_prefix(&[5, 7], 9).is_empty());
+        assert_eq!(bm.find_prefix(0, &[5, 6, 7, 8, 9], 9), vec![(a, na), (b, na + 1)]);
+        assert_eq!(bm.find_prefix(0, &[5, 6, 7, 8], 1).len(), 1, "at most max_blocks");
+        assert!(bm.find_prefix(0, &[5, 7], 9).is_empty());
         // Two new blocks: the free one, then the least recently released cached one (b, the
         // leaf, was released first).
         assert_eq!(bm.allocate(), Some(2));
         assert_eq!(bm.allocate(), Some(b));
-        assert_eq!(bm.find_prefix(&[5, 6, 7, 8], 9).len(), 1);
+        assert_eq!(bm.find_prefix(0, &[5, 6, 7, 8], 9).len(), 1);
         bm.check(&[0, 1, 1]).unwrap();
+    }
+
+    #[test]
+    fn the_same_tokens_under_other_adapters_are_other_content() {
+        use onebit_model::LoraUse;
+        let mut bm = BlockManager::new(3, 2);
+        let (one, half) = ([LoraUse { id: 0, scale: 1.0 }], [LoraUse { id: 0, scale: 0.5 }]);
+        let (r1, r2) = (bm.root(&one), bm.root(&half));
+        assert!(r1 != 0 && r2 != 0 && r1 != r2);
+        assert_eq!(bm.root(&one), r1, "one root per adapter set");
+        assert_eq!(bm.root(&[]), 0);
+        let a = bm.allocate().unwrap();
+        let n = bm.register(a, r1, &[5, 6]);
+        bm.release(a);
+        assert_eq!(bm.find_prefix(r1, &[5, 6, 7], 9), vec![(a, n)]);
+        assert!(bm.find_prefix(r2, &[5, 6, 7], 9).is_empty());
+        assert!(bm.find_prefix(0, &[5, 6, 7], 9).is_empty());
     }
 
     #[test]
@@ -252,7 +286,7 @@ mod tests {
         let a = bm.allocate().unwrap();
         let n = bm.register(a, 0, &[1]);
         bm.acquire(a);
-        assert_eq!(bm.find_prefix(&[1], 9), vec![(a, n)]);
+        assert_eq!(bm.find_prefix(0, &[1], 9), vec![(a, n)]);
         bm.release(a);
         assert!(bm.allocate().is_some());
         assert!(bm.allocate().is_none(), "the used cached block is not evicted");
@@ -307,7 +341,7 @@ mod tests {
                 match op {
                     Op::Start { prefix, len } => {
                         let tokens: Vec<u32> = (0..len as u32).map(|t| if t < 9 { prefix as u32 * 100 + t } else { t }).collect();
-                        let found = bm.find_prefix(&tokens, (len - 1) / B);
+                        let found = bm.find_prefix(0, &tokens, (len - 1) / B);
                         let idle = found.iter().filter(|f| bm.is_idle(f.0)).count();
                         if bm.available() < idle + len.div_ceil(B) - found.len() {
                             continue;

@@ -27,6 +27,7 @@ mod blocks;
 pub mod chat_format;
 pub mod constraint;
 mod error;
+mod lora;
 mod request;
 pub mod sampling;
 pub mod scheduler;
@@ -68,6 +69,8 @@ pub struct Engine {
     template_source: Option<String>,
     /// The draft model of speculative decoding (`--model-draft`), if any.
     draft: Option<Model>,
+    /// The global scales of the model's LoRA adapters.
+    lora: lora::LoraScales,
 }
 
 impl std::fmt::Debug for Engine {
@@ -82,6 +85,7 @@ impl Engine {
         let tokenizer = Tokenizer::from_metadata(&model.gguf().metadata())?;
         let template_source = tokenizer.chat_template().map(str::to_string);
         let template = template_source.as_deref().map(ChatTemplate::new).transpose()?;
+        let lora = lora::LoraScales::new(model.loras().len());
         Ok(Engine {
             model,
             tokenizer: Arc::new(tokenizer),
@@ -89,6 +93,7 @@ impl Engine {
             template_source,
             guidance: OnceLock::new(),
             draft: None,
+            lora,
         })
     }
 

@@ -34,6 +34,9 @@ pub struct GenerateRequest {
     pub shown_specials: Vec<u32>,
     /// Speculative decoding choices of this request (what it leaves out: the scheduler's).
     pub speculative: SpecOverride,
+    /// LoRA adapters and their scales (adapters not listed: scale 0); none: the engine's
+    /// global scales ([`crate::Engine::resolve_lora`]).
+    pub lora: Option<Vec<onebit_model::LoraUse>>,
 }
 
 /// Why generation ended.

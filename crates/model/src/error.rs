@@ -47,6 +47,10 @@ pub enum ModelError {
 
     #[error("GPU: {0}")]
     Device(String),
+
+    /// A LoRA adapter that does not fit the model (or is not a LoRA adapter at all).
+    #[error("LoRA adapter '{file}'{}: {reason}", tensor.as_ref().map(|t| format!(", tensor '{t}'")).unwrap_or_default())]
+    BadAdapter { file: String, tensor: Option<String>, reason: String },
 }
 
 /// `1.5 GiB`, `640.0 MiB`.

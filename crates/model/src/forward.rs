@@ -14,6 +14,7 @@ use crate::attention::{Attention, AttnScratch};
 use crate::config::Config;
 use crate::error::ModelError;
 use crate::kv_cache::{BLOCK_TOKENS, KvPool};
+use crate::lora::{LoraBatch, Site, Target};
 use crate::moe::MoeScratch;
 use crate::rope::RopeAngles;
 use crate::weights::{Ffn, Layer, Weight, Weights};
@@ -173,9 +174,9 @@ pub(crate) struct MlpBufs {
     /// The down projection's activations, made by the gated product.
     acts: Acts,
     /// The gated product and its parts, only for models whose gate and up projections take
-    /// different activation formats.
-    gate: Vec<f32>,
-    up: Vec<f32>,
+    /// different activation formats, or with LoRA updates.
+    pub(crate) gate: Vec<f32>,
+    pub(crate) up: Vec<f32>,
 }
 
 /// What the forward pass reads: the model's pieces, borrowed.
@@ -184,6 +185,8 @@ pub(crate) struct Net<'a> {
     pub weights: &'a Weights,
     pub kernels: Kernels,
     pub pool: &'a Pool,
+    /// The batch's rows grouped by their LoRA adapters (empty without any).
+    pub lora: &'a LoraBatch<'a>,
 }
 
 /// One token's share of [`Net::prepare_qkv`].
@@ -247,7 +250,7 @@ impl Blocks for CpuStep<'_, '_> {
     }
 
     fn mlp(&mut self, layer: usize) -> Result<(), ModelError> {
-        self.net.mlp_block(&self.net.weights.layers[layer], self.sc, self.n)
+        self.net.mlp_block(layer, &self.net.weights.layers[layer], self.sc, self.n)
     }
 
     fn logits(&mut self) -> Result<(), ModelError> {
@@ -326,12 +329,17 @@ impl Net<'_> {
             &mut [q, kk, v],
             &mut sc.acts,
         )?;
+        let xn = &sc.xn[..n * c.hidden];
+        self.lora_add(Site::Layer(l, Target::Q), xn, &mut sc.q[..n * c.q_dim()]);
+        self.lora_add(Site::Layer(l, Target::K), xn, &mut sc.k[..n * c.kv_dim()]);
+        self.lora_add(Site::Layer(l, Target::V), xn, &mut sc.v[..n * c.v_dim()]);
         self.prepare_qkv(l, layer, kv, tables, sc, n);
         self.attend(l, kv, tables, sc, n);
         let attn_dim = c.n_heads * c.value_dim;
         let out = &mut sc.xn[..n * c.hidden];
         let attn = if sc.attn.is_empty() { &sc.q[..n * attn_dim] } else { &sc.attn[..n * attn_dim] };
-        self.project(attn, attn_dim, &[&self.mat(&layer.wo)], &mut [out], &mut sc.acts)?;
+        self.project(attn, attn_dim, &[&self.mat(&layer.wo)], &mut [&mut *out], &mut sc.acts)?;
+        self.lora_add(Site::Layer(l, Target::O), attn, out);
         self.post_norm(layer.attn_post_norm.as_ref(), &mut sc.xn[..n * c.hidden], &mut sc.row);
         add_into(&mut sc.x[..n * c.hidden], &sc.xn[..n * c.hidden]);
         Ok(())
@@ -402,7 +410,7 @@ impl Net<'_> {
         attention.run(self.pool, &sc.attn_scratch, q, out);
     }
 
-    fn mlp_block(&self, layer: &Layer, sc: &mut Scratch, n: usize) -> Result<(), ModelError> {
+    fn mlp_block(&self, l: usize, layer: &Layer, sc: &mut Scratch, n: usize) -> Result<(), ModelError> {
         let c = self.config;
         for (x, xn) in sc.x.chunks_exact(c.hidden).zip(sc.xn.chunks_exact_mut(c.hidden)).take(n) {
             self.kernels.rms_norm(x, &layer.ffn_norm, c.rms_eps, xn);
@@ -410,7 +418,11 @@ impl Net<'_> {
         match &layer.ffn {
             Ffn::Dense { gate, up, down } => {
                 let mats = [&self.mat(gate), &self.mat(up), &self.mat(down)];
-                self.gated_mlp(mats, &mut sc.xn[..n * c.hidden], &mut sc.acts, &mut sc.mlp)?;
+                if self.lora.touches(l, &[Target::Gate, Target::Up, Target::Down]) {
+                    self.lora_mlp(l, mats, sc, n)?;
+                } else {
+                    self.gated_mlp(mats, &mut sc.xn[..n * c.hidden], &mut sc.acts, &mut sc.mlp)?;
+                }
             }
             Ffn::Moe(experts) => self.moe_mlp(experts, sc, n)?,
         }
@@ -511,7 +523,13 @@ impl Net<'_> {
             self.kernels.rms_norm(x, &self.weights.output_norm, c.rms_eps, xn);
         }
         let out = &mut sc.logits.data[..m * out_w.rows];
-        self.project(&sc.xn[..m * c.hidden], c.hidden, &[&out_w], &mut [out], &mut sc.acts)?;
+        self.project(&sc.xn[..m * c.hidden], c.hidden, &[&out_w], &mut [&mut *out], &mut sc.acts)?;
+        if !self.lora.is_empty() {
+            let mut row_of = vec![None; n];
+            wanted.iter().enumerate().for_each(|(i, &(_, _, t))| row_of[t] = Some(i));
+            let input = &sc.xn[..m * c.hidden];
+            self.lora.add(self.kernels, self.pool, Site::Output, input, out, &|t| row_of[t]);
+        }
         if let Some(cap) = c.logit_softcap {
             // As ggml: scaled by 1/cap, tanh, scaled by cap.
             let inv = 1.0 / cap;

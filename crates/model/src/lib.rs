@@ -25,6 +25,7 @@ mod cuda;
 mod error;
 pub mod forward;
 pub mod kv_cache;
+mod lora;
 mod moe;
 mod rope;
 mod weights;
@@ -38,6 +39,7 @@ pub use config::{Arch, Config, MoeConfig};
 pub use error::{ModelError, human_bytes};
 pub use forward::{Logits, LogitsWanted, Scratch, SeqInput};
 pub use kv_cache::{BLOCK_TOKENS, KvCache, KvPool, KvType};
+pub use lora::{LoraAdapter, LoraUse};
 pub use onebit_cuda::CudaError;
 
 /// Where a model runs.
@@ -89,6 +91,8 @@ pub struct ModelOptions {
     pub batch_rounding: BatchRounding,
     /// Threads that repack the weights at load (None: every core).
     pub threads: Option<usize>,
+    /// LoRA adapters to load beside the weights (ids in this order; see [`LoraUse`]).
+    pub lora: Vec<PathBuf>,
     /// Where to keep repacked weights between loads (see [`Model::load`]); None repacks at
     /// every load.
     pub pack_cache: Option<PackCache>,
@@ -116,6 +120,8 @@ pub struct Model {
     weights: weights::Weights,
     /// The weights on a GPU, when the model runs there.
     cuda: Option<cuda::CudaNet>,
+    /// LoRA adapters, applied per sequence ([`Model::forward_adapted`]).
+    loras: Vec<lora::LoraAdapter>,
     config: Config,
     kernels: Kernels,
     kv_type: KvType,
@@ -167,6 +173,13 @@ impl Model {
         .with_batch_rounding(options.batch_rounding);
         let mut config = Config::from_metadata(&file.metadata())?;
         options.kv_type.check(&config)?;
+        if !options.lora.is_empty() && options.device != Device::Cpu {
+            return Err(ModelError::Device(format!(
+                "LoRA adapters run on the CPU only; load without --lora or with --device cpu (not {})",
+                options.device
+            )));
+        }
+        let loras = lora::load_all(&options.lora, &file, &config)?;
         let mut weights = weights::Weights::load(&file, &mut config, kernels)?;
         let cuda = match options.device {
             Device::Cpu => {
@@ -182,7 +195,7 @@ impl Model {
                 Some(cuda::CudaNet::upload(gpu, &config, &weights)?)
             }
         };
-        Ok(Model { weights, cuda, config, kernels, kv_type: options.kv_type, file })
+        Ok(Model { weights, cuda, loras, config, kernels, kv_type: options.kv_type, file })
     }
 
     pub fn config(&self) -> &Config {
@@ -202,6 +215,11 @@ impl Model {
     /// The GPU's name, when the model runs on one.
     pub fn device_name(&self) -> Option<String> {
         self.cuda.as_ref().map(|c| c.gpu().name().to_string())
+    }
+
+    /// The LoRA adapters loaded with the model ([`ModelOptions::lora`]), by id.
+    pub fn loras(&self) -> &[LoraAdapter] {
+        &self.loras
     }
 
     pub fn kernels(&self) -> Kernels {
@@ -234,6 +252,25 @@ impl Model {
         batch: &[SeqInput],
         scratch: &'s mut Scratch,
     ) -> Result<&'s Logits, ModelError> {
+        self.forward_adapted(pool, kv, batch, &[], scratch)
+    }
+
+    /// [`Model::forward`] with LoRA adapters: `lora[s]` are the adapters (and scales) of
+    /// sequence `s` of the batch (`lora` empty: none for any). Sequences with different
+    /// adapters share the pass over the base weights; each row gets its own adapters' updates.
+    pub fn forward_adapted<'s>(
+        &self,
+        pool: &Pool,
+        kv: &mut KvPool,
+        batch: &[SeqInput],
+        lora: &[&[LoraUse]],
+        scratch: &'s mut Scratch,
+    ) -> Result<&'s Logits, ModelError> {
+        if !lora.is_empty() && lora.len() != batch.len() {
+            return Err(ModelError::BadBatch(format!("{} LoRA sets for {} sequences", lora.len(), batch.len())));
+        }
+        let lens: Vec<usize> = batch.iter().map(|s| s.tokens.len()).collect();
+        let lora = lora::LoraBatch::new(&self.loras, lora, &lens)?;
         if kv.kv_type() != self.kv_type {
             return Err(ModelError::BadBatch(format!(
                 "a {} cache for a model loaded with {} caches",
@@ -248,7 +285,8 @@ impl Model {
         if kv.on_device() {
             return Err(ModelError::BadBatch("a KV pool on the GPU for a model on the CPU".into()));
         }
-        let net = forward::Net { config: &self.config, weights: &self.weights, kernels: self.kernels, pool };
+        let net =
+            forward::Net { config: &self.config, weights: &self.weights, kernels: self.kernels, pool, lora: &lora };
         net.forward(kv, batch, scratch)
     }
 
@@ -261,9 +299,22 @@ impl Model {
         logits: LogitsWanted,
         scratch: &'s mut Scratch,
     ) -> Result<&'s Logits, ModelError> {
+        self.forward_one_adapted(pool, cache, tokens, &[], logits, scratch)
+    }
+
+    /// [`Model::forward_one`] with LoRA adapters (`lora`: the sequence's adapters and scales).
+    pub fn forward_one_adapted<'s>(
+        &self,
+        pool: &Pool,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        lora: &[LoraUse],
+        logits: LogitsWanted,
+        scratch: &'s mut Scratch,
+    ) -> Result<&'s Logits, ModelError> {
         cache.check_room(tokens.len())?;
         let input = SeqInput { tokens, start: cache.len(), blocks: &cache.blocks, logits };
-        let out = self.forward(pool, &mut cache.pool, &[input], scratch)?;
+        let out = self.forward_adapted(pool, &mut cache.pool, &[input], &[lora], scratch)?;
         cache.advance(tokens.len());
         Ok(out)
     }

@@ -34,6 +34,7 @@ mod completions;
 mod error;
 mod generate;
 mod info;
+mod lora;
 mod metrics;
 mod params;
 mod responses;
@@ -140,7 +141,8 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/tokenize", post(info::tokenize))
         .route("/detokenize", post(info::detokenize))
-        .route("/apply-template", post(info::apply_template));
+        .route("/apply-template", post(info::apply_template))
+        .route("/lora-adapters", get(lora::list).post(lora::set));
     if state.config.webui {
         routes = routes.route("/", get(webui::index));
     }

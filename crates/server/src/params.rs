@@ -89,6 +89,8 @@ pub struct GenFields {
     pub speculative_n_min: Option<i64>,
     #[serde(rename = "speculative.p_min")]
     pub speculative_p_min: Option<f64>,
+    /// LoRA adapters for this request: `[{"id": N, "scale": S}]` (see `lora.rs`).
+    pub lora: Option<Json>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -154,6 +156,7 @@ impl GenFields {
             constraint: self.constraint()?,
             shown_specials: Vec::new(),
             speculative: self.speculative()?,
+            lora: crate::lora::request_field(self.lora.as_ref())?,
         };
         Ok(Generation {
             request,

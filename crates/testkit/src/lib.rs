@@ -122,3 +122,39 @@ pub fn margin_over_std(x: &[f32]) -> f64 {
     let std = (x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / x.len() as f64).sqrt();
     (v[0] - v[1]) as f64 / std
 }
+
+/// A prompt's fixture comparison: per position the error of [`position_error`], and top-1
+/// agreement wherever the reference's margin exceeds 0.1 std (`../shared/fixtures/README.md`).
+#[derive(Default)]
+pub struct PositionStats {
+    pub errors: Vec<f64>,
+    pub top1_checked: usize,
+    pub top1_agree: usize,
+}
+
+impl PositionStats {
+    pub fn add(&mut self, ours: &[f32], pos: &serde_json::Value) {
+        self.errors.push(position_error(ours, pos));
+        let top = pos["top"].as_array().unwrap();
+        let margin = (top[0][1].as_f64().unwrap() - top[1][1].as_f64().unwrap()) / pos["std"].as_f64().unwrap();
+        if margin > 0.1 {
+            self.top1_checked += 1;
+            self.top1_agree += (argmax(ours) as u64 == pos["argmax"].as_u64().unwrap()) as usize;
+        }
+    }
+
+    pub fn mean(&self) -> f64 {
+        self.errors.iter().sum::<f64>() / self.errors.len().max(1) as f64
+    }
+
+    pub fn max(&self) -> f64 {
+        self.errors.iter().copied().fold(0.0, f64::max)
+    }
+
+    /// Panic unless the errors are within `max` and `mean` std and top-1 always agrees.
+    pub fn assert_within(&self, what: &str, max: f64, mean: f64) {
+        assert!(self.max() <= max, "{what}: max error {:.4} > {max} std", self.max());
+        assert!(self.mean() <= mean, "{what}: mean error {:.4} > {mean} std", self.mean());
+        assert_eq!(self.top1_agree, self.top1_checked, "{what}: top-1 disagrees");
+    }
+}

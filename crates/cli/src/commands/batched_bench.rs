@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use anyhow::{Result, bail};
 use onebit_engine::{GenerateRequest, SamplingParams, Scheduler, SchedulerConfig};
+use onebit_model::LoraUse;
 use serde_json::json;
 
 use super::model_args::ModelArgs;
@@ -41,6 +42,10 @@ pub struct Args {
     /// Positions in the KV pool [default: what the largest test needs].
     #[arg(long = "kv-size", value_name = "TOKENS")]
     pub kv_size: Option<usize>,
+    /// Sequence j of a test runs with LoRA adapter j mod N alone (N: the adapters of --lora and
+    /// --lora-scaled, at their scales), instead of all of them: a batch of different adapters.
+    #[arg(long = "lora-each")]
+    pub lora_each: bool,
     /// md (a table) or jsonl (one JSON object per test, llama-batched-bench's keys).
     #[arg(long = "output-format", default_value = "md", value_name = "FORMAT")]
     pub output_format: Format,
@@ -71,7 +76,7 @@ pub fn run(args: Args) -> Result<()> {
     let (max_pp, max_tg, max_pl) = (max(&args.npp), max(&args.ntg), max(&args.npl));
     // A sequence holds its prompt, its answer and the one token sampled after it.
     let ctx = args.model.ctx_size.unwrap_or(max_pp + max_tg + 2);
-    let engine = std::sync::Arc::new(onebit_engine::Engine::new(model)?);
+    let engine = std::sync::Arc::new(args.model.engine(model)?);
     let pool = args.model.pool();
     let threads = pool.n_threads();
     let config = SchedulerConfig {
@@ -100,6 +105,15 @@ pub fn run(args: Args) -> Result<()> {
             "|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|"
         );
     }
+    let each: Vec<Vec<LoraUse>> = if args.lora_each {
+        let uses = args.model.lora.uses()?;
+        if uses.is_empty() {
+            bail!("--lora-each needs adapters (--lora, --lora-scaled)");
+        }
+        uses.into_iter().map(|u| vec![u]).collect()
+    } else {
+        Vec::new()
+    };
     let mut seed = 0u64;
     for &pp in &args.npp {
         for &tg in &args.ntg {
@@ -108,7 +122,7 @@ pub fn run(args: Args) -> Result<()> {
                     continue;
                 }
                 seed += 1;
-                let row = measure(&scheduler, vocab, pp, tg, pl, args.pps, seed)?;
+                let row = measure(&scheduler, vocab, (pp, tg, pl), args.pps, seed, &each)?;
                 print_row(&args, &row, n_kv_max, threads);
             }
         }
@@ -120,8 +134,16 @@ fn max(v: &[usize]) -> usize {
     v.iter().copied().max().unwrap_or(0)
 }
 
-/// Run one test through the scheduler.
-fn measure(s: &Scheduler, vocab: usize, pp: usize, tg: usize, pl: usize, pps: bool, seed: u64) -> Result<Row> {
+/// Run one test through the scheduler; with `each`, request j runs with adapters `each[j mod
+/// each.len()]`.
+fn measure(
+    s: &Scheduler,
+    vocab: usize,
+    (pp, tg, pl): (usize, usize, usize),
+    pps: bool,
+    seed: u64,
+    each: &[Vec<LoraUse>],
+) -> Result<Row> {
     s.clear_cache()?;
     let shared = random_tokens(vocab, pp, seed << 32);
     let req = GenerateRequest {
@@ -135,7 +157,8 @@ fn measure(s: &Scheduler, vocab: usize, pp: usize, tg: usize, pl: usize, pps: bo
     let mut handles = Vec::with_capacity(pl);
     for j in 0..pl {
         let prompt = if pps { shared.clone() } else { random_tokens(vocab, pp, (seed << 32) + j as u64) };
-        handles.push(s.submit(prompt, req.clone())?);
+        let lora = (!each.is_empty()).then(|| each[j % each.len()].clone());
+        handles.push(s.submit(prompt, GenerateRequest { lora, ..req.clone() })?);
     }
     let (mut t_pp, mut t_end) = (0f64, 0f64);
     for h in handles {

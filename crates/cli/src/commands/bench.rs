@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::{Result, bail};
 use onebit_kernels::{BatchRounding, KernelTier, Pool};
-use onebit_model::{Device, KvCache, KvType, LogitsWanted, Model, ModelOptions, Scratch};
+use onebit_model::{Device, KvCache, KvType, LogitsWanted, LoraUse, Model, ModelOptions, Scratch};
 use serde_json::json;
 
 #[derive(clap::Args)]
@@ -48,6 +48,8 @@ pub struct Args {
     /// Print the rows as a JSON array.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub lora: super::model_args::LoraArgs,
 }
 
 struct Row {
@@ -102,7 +104,9 @@ pub fn run(args: Args) -> Result<()> {
             batch_rounding: args.batch_rounding,
             threads: Some(t),
             pack_cache: None,
+            lora: args.lora.paths(),
         };
+        let lora = args.lora.uses()?;
         let model = Model::load(&path, &options)?;
         if let (Some(gpu), false) = (model.device_name(), args.json) {
             println!("gpu: {gpu} ({})", model.device());
@@ -115,12 +119,12 @@ pub fn run(args: Args) -> Result<()> {
         for &depth in &args.n_depth {
             let longest = tests.iter().map(|t| t.1).max().unwrap_or(0);
             let mut cache = model.new_cache(depth + longest)?;
-            fill(&model, &pool, &mut cache, depth)?;
+            fill(&model, &pool, &mut cache, depth, &lora)?;
             for &(kind, n, prefill) in &tests {
                 let mut samples = Vec::new();
                 for rep in 0..=args.repetitions {
                     cache.truncate(depth);
-                    let secs = time_test(&model, &pool, &mut cache, n, prefill, rep)?;
+                    let secs = time_test(&model, &pool, &mut cache, &lora, (n, prefill), rep)?;
                     if rep > 0 {
                         samples.push(n as f64 / secs);
                     }
@@ -174,26 +178,34 @@ fn tokens(model: &Model, n: usize, seed: usize) -> Vec<u32> {
 }
 
 /// Put `depth` random tokens in the cache, 512 at a time (llama-bench's default batch).
-fn fill(model: &Model, pool: &Pool, cache: &mut KvCache, depth: usize) -> Result<()> {
+fn fill(model: &Model, pool: &Pool, cache: &mut KvCache, depth: usize, lora: &[LoraUse]) -> Result<()> {
     let toks = tokens(model, depth, usize::MAX);
     let mut scratch = Scratch::new();
     for chunk in toks.chunks(512) {
-        model.forward_one(pool, cache, chunk, LogitsWanted::Last, &mut scratch)?;
+        model.forward_one_adapted(pool, cache, chunk, lora, LogitsWanted::Last, &mut scratch)?;
     }
     Ok(())
 }
 
 /// Seconds for one batch of `n` tokens (`prefill`) or `n` single-token steps, after what the
 /// cache holds.
-fn time_test(model: &Model, pool: &Pool, cache: &mut KvCache, n: usize, prefill: bool, rep: usize) -> Result<f64> {
+fn time_test(
+    model: &Model,
+    pool: &Pool,
+    cache: &mut KvCache,
+    lora: &[LoraUse],
+    (n, prefill): (usize, bool),
+    rep: usize,
+) -> Result<f64> {
     let toks = tokens(model, n, rep);
     let mut scratch = Scratch::new();
     let t = Instant::now();
     if prefill {
-        model.forward_one(pool, cache, &toks, LogitsWanted::Last, &mut scratch)?;
+        model.forward_one_adapted(pool, cache, &toks, lora, LogitsWanted::Last, &mut scratch)?;
     } else {
         for tok in &toks {
-            model.forward_one(pool, cache, std::slice::from_ref(tok), LogitsWanted::Last, &mut scratch)?;
+            let one = std::slice::from_ref(tok);
+            model.forward_one_adapted(pool, cache, one, lora, LogitsWanted::Last, &mut scratch)?;
         }
     }
     Ok(t.elapsed().as_secs_f64())

@@ -45,19 +45,21 @@ pub fn run(mut args: Args) -> Result<()> {
     let mut cache = model.new_cache(args.model.ctx(&model))?;
     let mut scratch = Scratch::new();
     let tokens = &args.tokens;
+    let lora = args.model.lora.uses()?;
     let mut rows: Vec<Vec<f32>> = Vec::new();
     if args.decode {
         for (i, t) in tokens.iter().enumerate() {
             let want =
                 if args.all_positions || i + 1 == tokens.len() { LogitsWanted::Last } else { LogitsWanted::None };
-            let out = model.forward_one(&pool, &mut cache, std::slice::from_ref(t), want, &mut scratch)?;
+            let out =
+                model.forward_one_adapted(&pool, &mut cache, std::slice::from_ref(t), &lora, want, &mut scratch)?;
             if let Some(l) = out.last(0) {
                 rows.push(l.to_vec());
             }
         }
     } else {
         let want = if args.all_positions { LogitsWanted::All } else { LogitsWanted::Last };
-        let out = model.forward_one(&pool, &mut cache, tokens, want, &mut scratch)?;
+        let out = model.forward_one_adapted(&pool, &mut cache, tokens, &lora, want, &mut scratch)?;
         rows = out.rows_of(0).map(|(_, l)| l.to_vec()).collect();
     }
     let first = if args.all_positions { 0 } else { tokens.len() - 1 };

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use onebit_engine::{Engine, Scheduler, SchedulerConfig, SpecMode, Speculation};
 use onebit_kernels::{BatchRounding, KernelTier, Pool};
-use onebit_model::{Device, KvType, Model, ModelOptions, PackCache};
+use onebit_model::{Device, KvType, LoraUse, Model, ModelOptions, PackCache};
 
 use super::resolve;
 use super::ui::Ui;
@@ -51,6 +51,43 @@ pub struct ModelArgs {
     /// Repack the weights at every load, and write no cache file.
     #[arg(long)]
     pub no_pack_cache: bool,
+    #[command(flatten)]
+    pub lora: LoraArgs,
+}
+
+/// LoRA adapters (llama.cpp's GGUF adapter format), applied beside the weights.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct LoraArgs {
+    /// A LoRA adapter to apply at scale 1; repeat for several. Adapters are numbered from 0:
+    /// the --lora files in order, then the --lora-scaled ones.
+    #[arg(long = "lora", value_name = "FILE")]
+    pub lora: Vec<PathBuf>,
+    /// A LoRA adapter to apply at scale SCALE (its product is also scaled by the file's alpha
+    /// over its rank, as in llama.cpp); repeat for several.
+    #[arg(long = "lora-scaled", num_args = 2, value_names = ["FILE", "SCALE"])]
+    pub lora_scaled: Vec<String>,
+}
+
+impl LoraArgs {
+    /// The adapter files, by id.
+    pub fn paths(&self) -> Vec<PathBuf> {
+        let scaled = self.lora_scaled.chunks_exact(2).map(|p| PathBuf::from(&p[0]));
+        self.lora.iter().cloned().chain(scaled).collect()
+    }
+
+    /// Every adapter at its scale from the command line.
+    pub fn uses(&self) -> Result<Vec<LoraUse>> {
+        let mut scales = vec![1.0; self.lora.len()];
+        for pair in self.lora_scaled.chunks_exact(2) {
+            let scale: f32 = pair[1]
+                .parse()
+                .ok()
+                .filter(|s: &f32| s.is_finite())
+                .with_context(|| format!("--lora-scaled {} {}: the scale must be a number", pair[0], pair[1]))?;
+            scales.push(scale);
+        }
+        Ok(scales.into_iter().enumerate().map(|(id, scale)| LoraUse { id, scale }).collect())
+    }
 }
 
 impl ModelArgs {
@@ -66,7 +103,15 @@ impl ModelArgs {
             } else {
                 self.pack_cache.clone().or_else(|| resolve::cache_dir().map(|d| d.join("packed"))).map(PackCache::new)
             },
+            lora: self.lora.paths(),
         }
+    }
+
+    /// A new engine over `model` with the adapters' scales from the command line.
+    pub fn engine(&self, model: Model) -> Result<Engine> {
+        let engine = Engine::new(model)?;
+        engine.set_lora_scales(&self.lora.uses()?)?;
+        Ok(engine)
     }
 
     /// The process's threads for the forward pass.
@@ -150,7 +195,9 @@ impl SpecArgs {
     /// Load `--model-draft` (with the main model's options) into `engine`.
     pub fn attach_draft(&self, engine: &mut Engine, model: &ModelArgs) -> Result<()> {
         let Some(path) = &self.model_draft else { return Ok(()) };
-        let draft = Model::load(path, &model.options()).with_context(|| format!("loading {}", path.display()))?;
+        // The adapters are the main model's.
+        let options = ModelOptions { lora: Vec::new(), ..model.options() };
+        let draft = Model::load(path, &options).with_context(|| format!("loading {}", path.display()))?;
         engine.set_draft(draft).with_context(|| format!("drafting with {}", path.display()))?;
         Ok(())
     }
@@ -187,7 +234,7 @@ impl EngineArgs {
 pub fn start_engine(model: &ModelArgs, engine: &EngineArgs, ui: &super::ui::Ui) -> Result<(Arc<Engine>, Scheduler)> {
     let loaded = model.load_with(ui)?;
     let ctx = model.ctx(&loaded);
-    let mut engine_ = Engine::new(loaded)?;
+    let mut engine_ = model.engine(loaded)?;
     engine.spec.attach_draft(&mut engine_, model)?;
     let engine_ = Arc::new(engine_);
     let scheduler = Scheduler::start(Arc::clone(&engine_), model.pool(), engine.config(ctx, 1))?;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use onebit_engine::{Engine, Scheduler};
+use onebit_engine::Scheduler;
 use onebit_server::{Loaded, ServerConfig};
 
 use super::model_args::{EngineArgs, ModelArgs};
@@ -135,7 +135,7 @@ fn load(model: &ModelArgs, engine: &EngineArgs, template: Option<String>) -> Res
     let loaded =
         onebit_model::Model::load(&path, &model.options()).with_context(|| format!("loading {}", path.display()))?;
     let ctx = model.ctx(&loaded);
-    let mut eng = Engine::new(loaded)?;
+    let mut eng = model.engine(loaded)?;
     if let Some(src) = template {
         eng.set_chat_template(&src).context("--chat-template-file")?;
     }

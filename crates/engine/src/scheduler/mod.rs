@@ -188,6 +188,7 @@ impl Scheduler {
         // and the engine loop never waits for a compilation.
         let constraint = req.constraint.as_ref().map(|c| self.engine.constraint_state(c)).transpose()?;
         let spec = self.config.speculative.with(&req.speculative);
+        let lora = self.engine.resolve_lora(req.lora.as_deref())?;
         if spec.mode == SpecMode::Draft && self.engine.draft().is_none() {
             return Err(EngineError::BadRequest("speculative mode draft needs a draft model (--model-draft)".into()));
         }
@@ -198,7 +199,8 @@ impl Scheduler {
         }
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let cancel = Arc::new(AtomicBool::new(false));
-        let seq = Sequence::new(id, prompt, req, Box::new(sink), Arc::clone(&cancel), constraint, spec);
+        let mut seq = Sequence::new(id, prompt, req, Box::new(sink), Arc::clone(&cancel), constraint, spec);
+        seq.lora = lora;
         if self.tx.send(Command::Submit(Box::new(seq))).is_err() {
             self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
             return Err(EngineError::ShutDown);

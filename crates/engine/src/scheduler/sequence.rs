@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use onebit_model::LoraUse;
 use onebit_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::constraint::{ConstraintState, Progress};
@@ -41,6 +42,10 @@ pub(crate) struct Sequence {
     /// Leading blocks that are in the prefix cache, and the content node of the last of them.
     pub n_registered: usize,
     pub chain: u64,
+    /// Its LoRA adapters (resolved at submission; see [`crate::Engine::resolve_lora`]), and
+    /// the prefix cache's root for them: blocks computed with other adapters hold other values.
+    pub lora: Vec<LoraUse>,
+    pub root: u64,
     /// Prompt tokens found in the prefix cache when the sequence first got its place.
     pub cached: usize,
     /// The grammar the output must follow (taken out while its mask is computed).
@@ -109,6 +114,8 @@ impl Sequence {
             blocks: Vec::new(),
             n_registered: 0,
             chain: 0,
+            lora: Vec::new(),
+            root: 0,
             cached: 0,
             constraint: constraint.map(Box::new),
             spec,

@@ -14,7 +14,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Instant;
 
 use onebit_kernels::{PerThread, Pool};
-use onebit_model::{BLOCK_TOKENS, KvPool, LogitsWanted, Scratch, SeqInput};
+use onebit_model::{BLOCK_TOKENS, KvPool, LogitsWanted, LoraUse, Scratch, SeqInput};
 
 use super::draft::{self, Drafter};
 use super::sequence::{After, Sequence};
@@ -215,7 +215,8 @@ impl Worker {
             let total = seq.tokens.len();
             // The block holding the last token is always computed (it needs logits), so a
             // sequence never writes into a block it shares.
-            let found = self.blocks.find_prefix(&seq.tokens, (total - 1) / b);
+            let root = self.blocks.root(&seq.lora);
+            let found = self.blocks.find_prefix(root, &seq.tokens, (total - 1) / b);
             let idle = found.iter().filter(|&&(block, _)| self.blocks.is_idle(block)).count();
             let need = total.div_ceil(b) - found.len();
             if self.blocks.available() < idle + need + self.running.len() {
@@ -225,7 +226,8 @@ impl Worker {
             found.iter().for_each(|&(block, _)| self.blocks.acquire(block));
             seq.blocks = found.iter().map(|&(block, _)| block).collect();
             seq.n_registered = found.len();
-            seq.chain = found.last().map_or(0, |&(_, node)| node);
+            seq.root = root;
+            seq.chain = found.last().map_or(root, |&(_, node)| node);
             seq.n_computed = found.len() * b;
             let cached = seq.n_computed;
             seq.admitted(cached);
@@ -238,7 +240,7 @@ impl Worker {
     fn held_back(&self, seq: &Sequence) -> bool {
         let b = BLOCK_TOKENS;
         self.running.iter().any(|r| {
-            if r.n_computed >= r.n_prompt {
+            if r.n_computed >= r.n_prompt || r.lora != seq.lora {
                 return false;
             }
             let common = r.tokens[..r.n_prompt].iter().zip(&seq.tokens).take_while(|(x, y)| x == y).count();
@@ -273,7 +275,7 @@ impl Worker {
             self.release_blocks(&mut victim);
             victim.n_computed = 0;
             victim.n_registered = 0;
-            victim.chain = 0;
+            victim.chain = victim.root;
             self.waiting.push_front(victim);
             self.stats.preemptions += 1;
         }
@@ -349,18 +351,21 @@ impl Worker {
                 }
             })
             .collect();
+        let lora: Vec<&[LoraUse]> = plan.iter().map(|&(i, _)| running[i].lora.as_slice()).collect();
         let (logits, masking) = if masking.is_empty() {
-            (engine.model().forward(pool, kv, &inputs, scratch), masking)
+            (engine.model().forward_adapted(pool, kv, &inputs, &lora, scratch), masking)
         } else {
             stats.masks += masking.len() as u64;
             // On a pool worker, not a thread of its own: a third thread would take a core from
             // a pool thread mid-job and every job would wait for it (see `Pool::beside`).
-            let ((masking, micros), logits) =
-                pool.beside(move || compute_masks(masking), || engine.model().forward(pool, kv, &inputs, scratch));
+            let ((masking, micros), logits) = pool.beside(
+                move || compute_masks(masking),
+                || engine.model().forward_adapted(pool, kv, &inputs, &lora, scratch),
+            );
             stats.mask_micros += micros;
             (logits, masking)
         };
-        drop(inputs);
+        drop((inputs, lora));
         for (i, c) in masking {
             running[i].constraint = Some(c);
         }

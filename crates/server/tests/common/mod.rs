@@ -32,13 +32,24 @@ pub async fn start(config: ServerConfig, engine: SchedulerConfig) -> Option<Test
 pub async fn start_model(
     path: std::path::PathBuf,
     template: Option<String>,
+    config: ServerConfig,
+    engine: SchedulerConfig,
+) -> Option<TestServer> {
+    start_with(path, template, ModelOptions::default(), config, engine).await
+}
+
+/// Start a server on any model loaded with `options` (LoRA adapters, say).
+pub async fn start_with(
+    path: std::path::PathBuf,
+    template: Option<String>,
+    options: ModelOptions,
     mut config: ServerConfig,
     engine: SchedulerConfig,
 ) -> Option<TestServer> {
     config.host = "127.0.0.1".into();
     config.port = 0;
     let server = onebit_server::start(config, move || {
-        let model = Model::load(&path, &ModelOptions::default()).map_err(|e| e.to_string())?;
+        let model = Model::load(&path, &options).map_err(|e| e.to_string())?;
         let mut eng = Engine::new(model).map_err(|e| e.to_string())?;
         if let Some(t) = &template {
             eng.set_chat_template(t).map_err(|e| e.to_string())?;

@@ -28,7 +28,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use onebit_kernels::Pool;
-use onebit_model::{BLOCK_TOKENS, LogitsWanted, Model, Scratch, SeqInput};
+use onebit_model::{BLOCK_TOKENS, LogitsWanted, LoraUse, Model, Scratch, SeqInput};
 use onebit_tokenizer::Tokenizer;
 
 use super::model_args::ModelArgs;
@@ -103,6 +103,8 @@ struct Eval<'a> {
     plan: Plan,
     /// The token that replaces each chunk's first, when the vocabulary adds BOS.
     bos: Option<u32>,
+    /// The LoRA adapters every chunk runs with.
+    lora: Vec<LoraUse>,
 }
 
 impl Eval<'_> {
@@ -139,7 +141,8 @@ impl Eval<'_> {
                         logits,
                     })
                     .collect();
-                let out = self.model.forward(&self.pool, &mut kv, &batch, &mut scratch)?;
+                let lora = vec![self.lora.as_slice(); batch.len()];
+                let out = self.model.forward_adapted(&self.pool, &mut kv, &batch, &lora, &mut scratch)?;
                 if logits == LogitsWanted::None {
                     continue;
                 }
@@ -243,7 +246,7 @@ pub fn run(args: Args) -> Result<()> {
         args.batch_size.min(plan.n_seq * n_ctx),
         plan.n_seq
     );
-    let eval = Eval { model: &model, pool: args.model.pool(), plan, bos };
+    let eval = Eval { model: &model, pool: args.model.pool(), plan, bos, lora: args.model.lora.uses()? };
     let t0 = Instant::now();
     match base {
         Some(reader) => compare(&eval, &tokens, reader)?,
