@@ -4,8 +4,9 @@
 //! deterministically (integer hashing only): a Qwen3 in BF16 with tied embeddings and a
 //! generation config, a Qwen2 in F16 in two shards with an index, q/k/v biases and a vocabulary
 //! padded past its tokenizer, a Llama in BF16 with Llama 3 rope scaling (q/k rows reordered,
-//! `rope_freqs`), and a ternary Qwen3 (each 256-block ±s or 0) for TQ1_0/TQ2_0. Their tokenizers
-//! are the small real-pipeline BPEs of `tests/data/convert/` (scripts/convert/make_tokenizers.py).
+//! `rope_freqs`), a Llama 2 and a Mistral with a SentencePiece `tokenizer.model`, and a ternary Qwen3 (each 256-block ±s or 0) for TQ1_0/TQ2_0. Their tokenizers
+//! are the small real-pipeline BPEs and SentencePiece model of `tests/data/convert/`
+//! (scripts/convert/make_tokenizers.py).
 //!
 //! `tests/data/convert-sha256.txt` holds the SHA-256 of the reference converter's output for
 //! each (model, type). To regenerate it, with a Python that has torch and transformers and
@@ -44,6 +45,11 @@ const CASES: &[(&str, &str)] = &[
     ("llama-tiny", "f16"),
     ("llama-tiny", "bf16"),
     ("llama-tiny", "q8_0"),
+    ("llama2-tiny", "f16"),
+    ("llama2-tiny", "bf16"),
+    ("llama2-tiny", "q8_0"),
+    ("mistral-tiny", "f16"),
+    ("mistral-tiny", "q8_0"),
     ("ternary-qwen3", "tq1_0"),
     ("ternary-qwen3", "tq2_0"),
     ("ternary-qwen3", "f16"),
@@ -120,6 +126,20 @@ fn spec(name: &str) -> Spec {
         },
         "llama-tiny" => {
             Spec { class: "LlamaForCausalLM", tokenizer: "llama3", head_dim: 16, vocab: 365, tied: false, ..base }
+        }
+        // Llama 2 and Mistral: the SentencePiece vocabulary (`tokenizer.model`, 400 pieces), the
+        // Llama 2 one padded to 408 with [PADn].
+        "llama2-tiny" => Spec {
+            class: "LlamaForCausalLM",
+            tokenizer: "llama2",
+            head_dim: 16,
+            vocab: 408,
+            tied: false,
+            dtype: Dtype::F16,
+            ..base
+        },
+        "mistral-tiny" => {
+            Spec { class: "MistralForCausalLM", tokenizer: "llama2", head_dim: 16, vocab: 400, tied: false, ..base }
         }
         "ternary-qwen3" => Spec { hidden: 256, layers: 1, head_dim: 64, ffn: 256, weights: Weights::Ternary, ..base },
         "bonsai-qwen3" => Spec { hidden: 128, head_dim: 32, ffn: 256, weights: Weights::Binary, ..base },
@@ -206,8 +226,9 @@ fn write_checkpoint(name: &str, root: &Path) -> PathBuf {
     let dir = root.join(name);
     std::fs::create_dir_all(&dir).unwrap();
     let tok = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/convert").join(s.tokenizer);
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(tok.join(f), dir.join(f)).unwrap();
+    for f in std::fs::read_dir(&tok).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
     }
     let mut config = json!({
         "architectures": [s.class],
@@ -235,7 +256,12 @@ fn write_checkpoint(name: &str, root: &Path) -> PathBuf {
         )
         .unwrap();
     }
-    if s.class == "LlamaForCausalLM" {
+    if s.tokenizer == "llama2" {
+        config["rope_theta"] = json!(10000.0);
+        config["bos_token_id"] = json!(1);
+        config["eos_token_id"] = json!(2);
+    }
+    if s.tokenizer == "llama3" {
         config["rope_theta"] = json!(500000.0);
         config["rope_scaling"] = json!({
             "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -325,9 +351,14 @@ fn logits(model: &Path) -> String {
 #[test]
 fn converted_models_run() {
     let tmp = tempfile::tempdir().unwrap();
-    for (model, ty) in
-        [("qwen3-tiny", "bf16"), ("qwen2-tiny", "q8_0"), ("llama-tiny", "f16"), ("ternary-qwen3", "tq2_0")]
-    {
+    for (model, ty) in [
+        ("qwen3-tiny", "bf16"),
+        ("qwen2-tiny", "q8_0"),
+        ("llama-tiny", "f16"),
+        ("llama2-tiny", "q8_0"),
+        ("mistral-tiny", "f16"),
+        ("ternary-qwen3", "tq2_0"),
+    ] {
         let dir = write_checkpoint(model, tmp.path());
         let out = tmp.path().join(format!("{model}.gguf"));
         let o = onebit_convert(&dir, &out, ty);
@@ -492,7 +523,12 @@ fn regenerate() {
         let dir = tmp.path().join(model);
         let dir = if dir.exists() { dir } else { write_checkpoint(model, tmp.path()) };
         let reference = tmp.path().join(format!("{model}-{ty}.ref.gguf"));
-        let pre = if spec(model).tokenizer == "llama3" { "llama-bpe" } else { "qwen2" };
+        // SentencePiece vocabularies have no pre-tokenizer to name ("default").
+        let pre = match spec(model).tokenizer {
+            "llama3" => "llama-bpe",
+            "llama2" => "default",
+            _ => "qwen2",
+        };
         let o = Command::new(&python)
             .arg(&script)
             .args([&llama, pre, "--"])
