@@ -230,6 +230,9 @@ fn write_checkpoint(name: &str, root: &Path) -> PathBuf {
         let f = f.unwrap();
         std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
     }
+    if name == "mistral-tiny" {
+        add_tokens(&dir);
+    }
     let mut config = json!({
         "architectures": [s.class],
         "model_type": s.class.trim_end_matches("ForCausalLM").to_lowercase(),
@@ -296,6 +299,25 @@ fn write_checkpoint(name: &str, root: &Path) -> PathBuf {
         std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
     }
     dir
+}
+
+/// Added tokens over the SentencePiece pieces, as fine-tunes add them: `added_tokens.json` (one
+/// id past the vocabulary, which the converter drops) and `added_tokens_decoder` entries that are
+/// special, not special, not special but special-looking, and not special with a `▁`.
+fn add_tokens(dir: &Path) {
+    std::fs::write(dir.join("added_tokens.json"), json!({"[/INST]": 7, "<beyond>": 999}).to_string()).unwrap();
+    let path = dir.join("tokenizer_config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let entry = |content: &str, special: bool| {
+        json!({"content": content, "lstrip": false, "normalized": false, "rstrip": false,
+               "single_word": false, "special": special})
+    };
+    let decoder = cfg["added_tokens_decoder"].as_object_mut().unwrap();
+    decoder.insert("4".into(), entry("[INST]", true));
+    decoder.insert("5".into(), entry("\u{2581}Call", false));
+    decoder.insert("6".into(), entry("<|im_end|>", false));
+    decoder.insert("7".into(), entry("[/INST]", false));
+    std::fs::write(&path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
 }
 
 fn onebit_convert(dir: &Path, out: &Path, ty: &str) -> std::process::Output {
@@ -501,6 +523,17 @@ fn bad_checkpoints_are_clear_errors() {
     config["architectures"] = json!(["GPTNeoXForCausalLM"]);
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
     expect_error(&dir, &["GPTNeoXForCausalLM", "not supported"]);
+    // A cut-short SentencePiece model.
+    let dir = fresh("llama2-tiny", "spm");
+    let spm = dir.join("tokenizer.model");
+    let len = std::fs::metadata(&spm).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&spm).unwrap().set_len(len - 1).unwrap();
+    expect_error(&dir, &["tokenizer.model", "truncated"]);
+    // A SentencePiece model for an architecture whose converter does not read one.
+    let dir = fresh("qwen3-tiny", "qwen-spm");
+    std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
+    std::fs::copy(spm, dir.join("tokenizer.model")).unwrap();
+    expect_error(&dir, &["tokenizer.model", "Llama"]);
     // Missing files.
     let dir = fresh("qwen3-tiny", "no-tokenizer");
     std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
