@@ -4,9 +4,10 @@
 //! deterministically (integer hashing only): a Qwen3 in BF16 with tied embeddings and a
 //! generation config, a Qwen2 in F16 in two shards with an index, q/k/v biases and a vocabulary
 //! padded past its tokenizer, a Llama in BF16 with Llama 3 rope scaling (q/k rows reordered,
-//! `rope_freqs`), a Llama 2 and a Mistral with a SentencePiece `tokenizer.model`, and a ternary Qwen3 (each 256-block ±s or 0) for TQ1_0/TQ2_0. Their tokenizers
-//! are the small real-pipeline BPEs and SentencePiece model of `tests/data/convert/`
-//! (scripts/convert/make_tokenizers.py).
+//! `rope_freqs`), a Llama 2 (with a `tokenizer.json` beside it) and a Mistral (with added
+//! tokens) with a SentencePiece `tokenizer.model`, and a ternary Qwen3 (each 256-block ±s or 0)
+//! for TQ1_0/TQ2_0. Their tokenizers are the small real-pipeline BPEs and SentencePiece model of
+//! `tests/data/convert/` (scripts/convert/make_tokenizers.py).
 //!
 //! `tests/data/convert-sha256.txt` holds the SHA-256 of the reference converter's output for
 //! each (model, type). To regenerate it, with a Python that has torch and transformers and
@@ -230,8 +231,10 @@ fn write_checkpoint(name: &str, root: &Path) -> PathBuf {
         let f = f.unwrap();
         std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
     }
-    if name == "mistral-tiny" {
-        add_tokens(&dir);
+    match name {
+        "mistral-tiny" => add_tokens(&dir),
+        "llama2-tiny" => llama2_tokenizer_json(&dir),
+        _ => {}
     }
     let mut config = json!({
         "architectures": [s.class],
@@ -299,6 +302,37 @@ fn write_checkpoint(name: &str, root: &Path) -> PathBuf {
         std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
     }
     dir
+}
+
+/// Llama 2 folders ship a `tokenizer.json` beside `tokenizer.model`: the converter takes the
+/// vocabulary from `tokenizer.model` and only the special tokens from it. This is the part it
+/// reads (added tokens, normalizer, post-processor), in Llama 2's layout; its BPE vocabulary is
+/// left empty, so a converter that read it would write a different file.
+fn llama2_tokenizer_json(dir: &Path) {
+    let added = |id: u32, content: &str| {
+        json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
+               "normalized": false, "special": true})
+    };
+    let special = |id: &str, type_id: u32| json!({"SpecialToken": {"id": id, "type_id": type_id}});
+    let seq = |id: &str, type_id: u32| json!({"Sequence": {"id": id, "type_id": type_id}});
+    let tok = json!({
+        "version": "1.0",
+        "added_tokens": [added(0, "<unk>"), added(1, "<s>"), added(2, "</s>")],
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "\u{2581}"},
+            {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}
+        ]},
+        "pre_tokenizer": null,
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [special("<s>", 0), seq("A", 0)],
+            "pair": [special("<s>", 0), seq("A", 0), special("<s>", 1), seq("B", 1)],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}
+        },
+        "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "fuse_unk": true,
+                  "byte_fallback": true, "vocab": {}, "merges": []}
+    });
+    std::fs::write(dir.join("tokenizer.json"), serde_json::to_string_pretty(&tok).unwrap()).unwrap();
 }
 
 /// Added tokens over the SentencePiece pieces, as fine-tunes add them: `added_tokens.json` (one
