@@ -8,7 +8,12 @@ pipeline as the real family it stands for: the same normalizer, pre-tokenizer re
 post-processor, added special tokens and chat template layout as Qwen2/Qwen3 ("qwen2") and
 Llama 3 ("llama3"). Only the vocabulary and merges differ.
 
-Output: crates/cli/tests/data/convert/<family>/{tokenizer.json,tokenizer_config.json}.
+"llama2" is a SentencePiece model (`tokenizer.model`) trained with the `sentencepiece` library as
+Llama 2 and Mistral v0.1-v0.3 were: BPE with byte fallback, digits split, `<unk>`/`<s>`/`</s>` at
+ids 0-2, plus one user-defined piece; its tokenizer_config.json is Llama 2's layout.
+
+Output: crates/cli/tests/data/convert/<family>/{tokenizer.json,tokenizer_config.json}
+(llama2: tokenizer.model and tokenizer_config.json).
 Run from the repository root: .venv/bin/python scripts/convert/make_tokenizers.py
 """
 
@@ -125,6 +130,55 @@ def write(family: str, tok: Tokenizer, config: dict) -> None:
     print(f"{family}: {tok.get_vocab_size()} tokens -> {out}")
 
 
+LLAMA2_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] | trim + ' [/INST]' }}"
+    "{% else %}{{ ' ' + message['content'] | trim + eos_token }}{% endif %}{% endfor %}"
+)
+
+
+def llama2() -> None:
+    import io
+
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        input=str(TEXT), model_writer=model, vocab_size=400, model_type="bpe", byte_fallback=True,
+        split_digits=True, character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        user_defined_symbols=["<sep>"], normalization_rule_name="identity", add_dummy_prefix=True,
+        num_threads=1, minloglevel=2,
+    )
+    out = OUT / "llama2"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tokenizer.model").write_bytes(model.getvalue())
+    decoder = {}
+    for i, t in enumerate(["<unk>", "<s>", "</s>"]):
+        decoder[str(i)] = {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
+                           "single_word": False, "special": True}
+    config = {
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "added_tokens_decoder": decoder,
+        "bos_token": "<s>",
+        "chat_template": LLAMA2_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "</s>",
+        "legacy": False,
+        "model_max_length": 4096,
+        "pad_token": None,
+        "sp_model_kwargs": {},
+        "tokenizer_class": "LlamaTokenizer",
+        "unk_token": "<unk>",
+        "use_default_system_prompt": False,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    print(f"llama2: {len(model.getvalue())} bytes -> {out}")
+
+
 if __name__ == "__main__":
-    qwen2()
-    llama3()
+    import sys
+
+    families = {"qwen2": qwen2, "llama3": llama3, "llama2": llama2}
+    for name in sys.argv[1:] or families:
+        families[name]()

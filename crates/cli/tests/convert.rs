@@ -4,8 +4,10 @@
 //! deterministically (integer hashing only): a Qwen3 in BF16 with tied embeddings and a
 //! generation config, a Qwen2 in F16 in two shards with an index, q/k/v biases and a vocabulary
 //! padded past its tokenizer, a Llama in BF16 with Llama 3 rope scaling (q/k rows reordered,
-//! `rope_freqs`), and a ternary Qwen3 (each 256-block ±s or 0) for TQ1_0/TQ2_0. Their tokenizers
-//! are the small real-pipeline BPEs of `tests/data/convert/` (scripts/convert/make_tokenizers.py).
+//! `rope_freqs`), a Llama 2 (with a `tokenizer.json` beside it) and a Mistral (with added
+//! tokens) with a SentencePiece `tokenizer.model`, and a ternary Qwen3 (each 256-block ±s or 0)
+//! for TQ1_0/TQ2_0. Their tokenizers are the small real-pipeline BPEs and SentencePiece model of
+//! `tests/data/convert/` (scripts/convert/make_tokenizers.py).
 //!
 //! `tests/data/convert-sha256.txt` holds the SHA-256 of the reference converter's output for
 //! each (model, type). To regenerate it, with a Python that has torch and transformers and
@@ -44,6 +46,11 @@ const CASES: &[(&str, &str)] = &[
     ("llama-tiny", "f16"),
     ("llama-tiny", "bf16"),
     ("llama-tiny", "q8_0"),
+    ("llama2-tiny", "f16"),
+    ("llama2-tiny", "bf16"),
+    ("llama2-tiny", "q8_0"),
+    ("mistral-tiny", "f16"),
+    ("mistral-tiny", "q8_0"),
     ("ternary-qwen3", "tq1_0"),
     ("ternary-qwen3", "tq2_0"),
     ("ternary-qwen3", "f16"),
@@ -120,6 +127,20 @@ fn spec(name: &str) -> Spec {
         },
         "llama-tiny" => {
             Spec { class: "LlamaForCausalLM", tokenizer: "llama3", head_dim: 16, vocab: 365, tied: false, ..base }
+        }
+        // Llama 2 and Mistral: the SentencePiece vocabulary (`tokenizer.model`, 400 pieces), the
+        // Llama 2 one padded to 408 with [PADn].
+        "llama2-tiny" => Spec {
+            class: "LlamaForCausalLM",
+            tokenizer: "llama2",
+            head_dim: 16,
+            vocab: 408,
+            tied: false,
+            dtype: Dtype::F16,
+            ..base
+        },
+        "mistral-tiny" => {
+            Spec { class: "MistralForCausalLM", tokenizer: "llama2", head_dim: 16, vocab: 400, tied: false, ..base }
         }
         "ternary-qwen3" => Spec { hidden: 256, layers: 1, head_dim: 64, ffn: 256, weights: Weights::Ternary, ..base },
         "bonsai-qwen3" => Spec { hidden: 128, head_dim: 32, ffn: 256, weights: Weights::Binary, ..base },
@@ -206,8 +227,14 @@ fn write_checkpoint(name: &str, root: &Path) -> PathBuf {
     let dir = root.join(name);
     std::fs::create_dir_all(&dir).unwrap();
     let tok = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/convert").join(s.tokenizer);
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(tok.join(f), dir.join(f)).unwrap();
+    for f in std::fs::read_dir(&tok).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+    }
+    match name {
+        "mistral-tiny" => add_tokens(&dir),
+        "llama2-tiny" => llama2_tokenizer_json(&dir),
+        _ => {}
     }
     let mut config = json!({
         "architectures": [s.class],
@@ -235,7 +262,12 @@ fn write_checkpoint(name: &str, root: &Path) -> PathBuf {
         )
         .unwrap();
     }
-    if s.class == "LlamaForCausalLM" {
+    if s.tokenizer == "llama2" {
+        config["rope_theta"] = json!(10000.0);
+        config["bos_token_id"] = json!(1);
+        config["eos_token_id"] = json!(2);
+    }
+    if s.tokenizer == "llama3" {
         config["rope_theta"] = json!(500000.0);
         config["rope_scaling"] = json!({
             "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -270,6 +302,56 @@ fn write_checkpoint(name: &str, root: &Path) -> PathBuf {
         std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
     }
     dir
+}
+
+/// Llama 2 folders ship a `tokenizer.json` beside `tokenizer.model`: the converter takes the
+/// vocabulary from `tokenizer.model` and only the special tokens from it. This is the part it
+/// reads (added tokens, normalizer, post-processor), in Llama 2's layout; its BPE vocabulary is
+/// left empty, so a converter that read it would write a different file.
+fn llama2_tokenizer_json(dir: &Path) {
+    let added = |id: u32, content: &str| {
+        json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
+               "normalized": false, "special": true})
+    };
+    let special = |id: &str, type_id: u32| json!({"SpecialToken": {"id": id, "type_id": type_id}});
+    let seq = |id: &str, type_id: u32| json!({"Sequence": {"id": id, "type_id": type_id}});
+    let tok = json!({
+        "version": "1.0",
+        "added_tokens": [added(0, "<unk>"), added(1, "<s>"), added(2, "</s>")],
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "\u{2581}"},
+            {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}
+        ]},
+        "pre_tokenizer": null,
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [special("<s>", 0), seq("A", 0)],
+            "pair": [special("<s>", 0), seq("A", 0), special("<s>", 1), seq("B", 1)],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}
+        },
+        "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "fuse_unk": true,
+                  "byte_fallback": true, "vocab": {}, "merges": []}
+    });
+    std::fs::write(dir.join("tokenizer.json"), serde_json::to_string_pretty(&tok).unwrap()).unwrap();
+}
+
+/// Added tokens over the SentencePiece pieces, as fine-tunes add them: `added_tokens.json` (one
+/// id past the vocabulary, which the converter drops) and `added_tokens_decoder` entries that are
+/// special, not special, not special but special-looking, and not special with a `▁`.
+fn add_tokens(dir: &Path) {
+    std::fs::write(dir.join("added_tokens.json"), json!({"[/INST]": 7, "<beyond>": 999}).to_string()).unwrap();
+    let path = dir.join("tokenizer_config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let entry = |content: &str, special: bool| {
+        json!({"content": content, "lstrip": false, "normalized": false, "rstrip": false,
+               "single_word": false, "special": special})
+    };
+    let decoder = cfg["added_tokens_decoder"].as_object_mut().unwrap();
+    decoder.insert("4".into(), entry("[INST]", true));
+    decoder.insert("5".into(), entry("\u{2581}Call", false));
+    decoder.insert("6".into(), entry("<|im_end|>", false));
+    decoder.insert("7".into(), entry("[/INST]", false));
+    std::fs::write(&path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
 }
 
 fn onebit_convert(dir: &Path, out: &Path, ty: &str) -> std::process::Output {
@@ -325,9 +407,14 @@ fn logits(model: &Path) -> String {
 #[test]
 fn converted_models_run() {
     let tmp = tempfile::tempdir().unwrap();
-    for (model, ty) in
-        [("qwen3-tiny", "bf16"), ("qwen2-tiny", "q8_0"), ("llama-tiny", "f16"), ("ternary-qwen3", "tq2_0")]
-    {
+    for (model, ty) in [
+        ("qwen3-tiny", "bf16"),
+        ("qwen2-tiny", "q8_0"),
+        ("llama-tiny", "f16"),
+        ("llama2-tiny", "q8_0"),
+        ("mistral-tiny", "f16"),
+        ("ternary-qwen3", "tq2_0"),
+    ] {
         let dir = write_checkpoint(model, tmp.path());
         let out = tmp.path().join(format!("{model}.gguf"));
         let o = onebit_convert(&dir, &out, ty);
@@ -470,6 +557,17 @@ fn bad_checkpoints_are_clear_errors() {
     config["architectures"] = json!(["GPTNeoXForCausalLM"]);
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
     expect_error(&dir, &["GPTNeoXForCausalLM", "not supported"]);
+    // A cut-short SentencePiece model.
+    let dir = fresh("llama2-tiny", "spm");
+    let spm = dir.join("tokenizer.model");
+    let len = std::fs::metadata(&spm).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&spm).unwrap().set_len(len - 1).unwrap();
+    expect_error(&dir, &["tokenizer.model", "truncated"]);
+    // A SentencePiece model for an architecture whose converter does not read one.
+    let dir = fresh("qwen3-tiny", "qwen-spm");
+    std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
+    std::fs::copy(spm, dir.join("tokenizer.model")).unwrap();
+    expect_error(&dir, &["tokenizer.model", "Llama"]);
     // Missing files.
     let dir = fresh("qwen3-tiny", "no-tokenizer");
     std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
@@ -492,7 +590,12 @@ fn regenerate() {
         let dir = tmp.path().join(model);
         let dir = if dir.exists() { dir } else { write_checkpoint(model, tmp.path()) };
         let reference = tmp.path().join(format!("{model}-{ty}.ref.gguf"));
-        let pre = if spec(model).tokenizer == "llama3" { "llama-bpe" } else { "qwen2" };
+        // SentencePiece vocabularies have no pre-tokenizer to name ("default").
+        let pre = match spec(model).tokenizer {
+            "llama3" => "llama-bpe",
+            "llama2" => "default",
+            _ => "qwen2",
+        };
         let o = Command::new(&python)
             .arg(&script)
             .args([&llama, pre, "--"])

@@ -15,6 +15,7 @@
 mod arch;
 mod hf;
 mod meta;
+mod spm;
 mod vocab;
 
 use std::io::{BufWriter, Write};

@@ -1,6 +1,8 @@
 //! `tokenizer.json` and `tokenizer_config.json` to GGUF's `tokenizer.*` metadata, as llama.cpp's
 //! converter writes it for byte-level BPE vocabularies (`tokenizer.ggml.model = gpt2`): tokens
 //! and their types, merges, special token ids, the add-BOS/EOS flags and the chat template.
+//! Llama-family checkpoints with a `tokenizer.model` get its SentencePiece vocabulary instead
+//! ([`spm`], `tokenizer.ggml.model = llama`), as llama.cpp's Llama converter prefers it.
 //!
 //! One difference: llama.cpp names the pre-tokenizer by hashing the token ids its tokenizer gives
 //! for a fixed text, which needs the Python tokenizer; onebit reads the pre-tokenizer the
@@ -14,6 +16,7 @@ use serde_json::{Map, Value};
 
 use super::ConvertError;
 use super::hf::read_json;
+use super::spm;
 
 const QWEN2_SPLIT: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -46,15 +49,20 @@ pub fn vocab_keys(
     pre_override: Option<&str>,
 ) -> Result<Vec<(String, OwnedValue)>, ConvertError> {
     let tok_path = dir.join("tokenizer.json");
-    if dir.join("tokenizer.model").exists() && !tok_path.exists() {
+    let spm_path = dir.join("tokenizer.model");
+    // llama.cpp's Llama converter prefers `tokenizer.model` when there is one; the others read
+    // `tokenizer.json` first.
+    let spm = spm_path.is_file() && (llama || !tok_path.exists());
+    if spm && !llama {
         return Err(ConvertError::Tokenizer(
-            dir.join("tokenizer.model"),
-            "SentencePiece vocabularies are not supported by onebit convert yet".into(),
+            spm_path,
+            "SentencePiece vocabularies are supported for Llama-family (Llama, Mistral) checkpoints only".into(),
         ));
     }
     let tok = match read_json(&tok_path)? {
         Some(Value::Object(m)) => m,
         Some(_) => return Err(ConvertError::Json(tok_path, "not a JSON object".into())),
+        None if spm => Map::new(),
         None => return Err(ConvertError::MissingFile(tok_path)),
     };
     let cfg_path = dir.join("tokenizer_config.json");
@@ -62,6 +70,9 @@ pub fn vocab_keys(
         Some(Value::Object(m)) => Some(m),
         _ => None,
     };
+    if spm {
+        return spm_keys(dir, &tok, tcfg, config, llama);
+    }
     let bad = |why: String| ConvertError::Tokenizer(tok_path.clone(), why);
     let model = tok.get("model").and_then(|m| m.as_object()).ok_or_else(|| bad("no \"model\" object".into()))?;
     if model.get("type").and_then(|t| t.as_str()) != Some("BPE") {
@@ -70,10 +81,7 @@ pub fn vocab_keys(
     if model.get("byte_fallback").and_then(|b| b.as_bool()) == Some(true) {
         return Err(bad("BPE with byte fallback (SentencePiece-style) is not supported by onebit convert yet".into()));
     }
-    let mut kv: Vec<(String, OwnedValue)> = Vec::new();
-    if llama && let Some(b) = tcfg.as_ref().and_then(|c| c.get("add_prefix_space")).and_then(|v| v.as_bool()) {
-        kv.push(("tokenizer.ggml.add_space_prefix".into(), OwnedValue::Bool(b)));
-    }
+    let mut kv = space_prefix(tcfg.as_ref(), llama);
     let pre = match pre_override {
         Some(p) => p.to_string(),
         None => pre_name(&tok).ok_or_else(|| bad("its pre-tokenizer is not one onebit recognises; name it with --pre (e.g. qwen2, llama-bpe, smollm, gpt-2)".into()))?,
@@ -90,14 +98,63 @@ pub fn vocab_keys(
     if !merges.is_empty() {
         kv.push(("tokenizer.ggml.merges".into(), OwnedValue::strings(&merges)));
     }
-    let special = Special::load(&tok, tcfg.as_mut(), config).map_err(bad)?;
+    special_keys(dir, &tok, tcfg.as_mut(), config, None, &mut kv)?;
+    Ok(kv)
+}
+
+/// The keys for a SentencePiece vocabulary: `llama` tokens with scores and types, then the
+/// special tokens found as for BPE (`tokenizer.json`, when present, included).
+fn spm_keys(
+    dir: &Path,
+    tok: &Map<String, Value>,
+    mut tcfg: Option<Map<String, Value>>,
+    config: &Map<String, Value>,
+    llama: bool,
+) -> Result<Vec<(String, OwnedValue)>, ConvertError> {
+    let mut kv = space_prefix(tcfg.as_ref(), llama);
+    let v = spm::load(dir, config, tcfg.as_ref())?;
+    let n = v.tokens.len();
+    kv.push(("tokenizer.ggml.model".into(), OwnedValue::string("llama")));
+    kv.push(("tokenizer.ggml.pre".into(), OwnedValue::string("default")));
+    kv.push(("tokenizer.ggml.tokens".into(), OwnedValue::strings(&v.tokens)));
+    kv.push((
+        "tokenizer.ggml.scores".into(),
+        OwnedValue::Array(ValueType::F32, v.scores.into_iter().map(OwnedValue::F32).collect()),
+    ));
+    kv.push((
+        "tokenizer.ggml.token_type".into(),
+        OwnedValue::Array(ValueType::I32, v.types.into_iter().map(OwnedValue::I32).collect()),
+    ));
+    special_keys(dir, tok, tcfg.as_mut(), config, Some(n), &mut kv)?;
+    Ok(kv)
+}
+
+fn space_prefix(tcfg: Option<&Map<String, Value>>, llama: bool) -> Vec<(String, OwnedValue)> {
+    match tcfg.and_then(|c| c.get("add_prefix_space")).and_then(|v| v.as_bool()) {
+        Some(b) if llama => vec![("tokenizer.ggml.add_space_prefix".into(), OwnedValue::Bool(b))],
+        _ => Vec::new(),
+    }
+}
+
+/// Special token ids (those under `n_vocab`, when given), add-token flags, chat template and
+/// normalizer flags, in llama.cpp's `SpecialVocab` order.
+fn special_keys(
+    dir: &Path,
+    tok: &Map<String, Value>,
+    mut tcfg: Option<&mut Map<String, Value>>,
+    config: &Map<String, Value>,
+    n_vocab: Option<usize>,
+    kv: &mut Vec<(String, OwnedValue)>,
+) -> Result<(), ConvertError> {
+    let bad = |why: String| ConvertError::Tokenizer(dir.join("tokenizer.json"), why);
+    let special = Special::load(tok, tcfg.as_deref_mut(), config, n_vocab).map_err(bad)?;
     for (kind, id) in &special.ids {
         kv.push((id_key(kind), OwnedValue::U32(*id)));
     }
     for (kind, on) in &special.add {
         kv.push((format!("tokenizer.ggml.add_{kind}_token"), OwnedValue::Bool(*on)));
     }
-    if let Some(cfg) = &tcfg
+    if let Some(cfg) = tcfg.as_deref()
         && let Some(t) = chat_template(dir, cfg)?
     {
         kv.push(("tokenizer.chat_template".into(), OwnedValue::string(t)));
@@ -112,7 +169,7 @@ pub fn vocab_keys(
             kv.push(("tokenizer.ggml.normalizer.strip_accents".into(), OwnedValue::Bool(b)));
         }
     }
-    Ok(kv)
+    Ok(())
 }
 
 /// The pre-tokenizer family a `tokenizer.json` declares.
@@ -190,7 +247,7 @@ fn token_list(
 }
 
 /// Added tokens llama.cpp treats as control tokens whatever their `special` flag says.
-fn looks_special(t: &str) -> bool {
+pub(super) fn looks_special(t: &str) -> bool {
     matches!(t, "<pad>" | "<mask>" | "<2mass>" | "[@BOS@]")
         || (t.starts_with("<|") && t.ends_with("|>"))
         || (t.starts_with("<\u{ff5c}") && t.ends_with("\u{ff5c}>"))
@@ -269,6 +326,8 @@ fn chat_template(dir: &Path, cfg: &Map<String, Value>) -> Result<Option<String>,
 struct Special {
     ids: Vec<(String, u32)>,
     add: Vec<(String, bool)>,
+    /// Ids at or past this are skipped (SentencePiece vocabularies give it; BPE does not).
+    n_vocab: Option<usize>,
 }
 
 impl Special {
@@ -282,6 +341,7 @@ impl Special {
 
     fn set_id(&mut self, kind: &str, id: Option<u64>) {
         if let Some(id) = id.and_then(|i| u32::try_from(i).ok())
+            && self.n_vocab.is_none_or(|n| (id as usize) < n)
             && !self.ids.iter().any(|(k, _)| k == kind)
         {
             self.ids.push((kind.to_string(), id));
@@ -292,8 +352,9 @@ impl Special {
         tok: &Map<String, Value>,
         mut tcfg: Option<&mut Map<String, Value>>,
         config: &Map<String, Value>,
+        n_vocab: Option<usize>,
     ) -> Result<Special, String> {
-        let mut s = Special::default();
+        let mut s = Special { n_vocab, ..Special::default() };
         let token_of = |c: Option<&Map<String, Value>>, k: &str| -> Option<String> {
             match c?.get(&format!("{k}_token"))? {
                 Value::String(t) => Some(t.clone()),
