@@ -12,38 +12,11 @@ use std::sync::Mutex;
 use onebit_gguf::GgmlType;
 use onebit_kernels::{BatchRounding, KernelTier, Pool};
 use onebit_model::{BLOCK_TOKENS, Device, KvType, LogitsWanted, Model, ModelOptions, Scratch, SeqInput};
-use onebit_testkit::{argmax, margin_over_std, position_error};
+use onebit_testkit::{PositionStats, argmax, margin_over_std, reversed_tables};
 use serde_json::Value;
 
 /// The models use all cores; run one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-#[derive(Default)]
-struct Stats {
-    errors: Vec<f64>,
-    top1_checked: usize,
-    top1_agree: usize,
-}
-
-impl Stats {
-    fn add(&mut self, ours: &[f32], pos: &Value) {
-        self.errors.push(position_error(ours, pos));
-        let top = pos["top"].as_array().unwrap();
-        let margin = (top[0][1].as_f64().unwrap() - top[1][1].as_f64().unwrap()) / pos["std"].as_f64().unwrap();
-        if margin > 0.1 {
-            self.top1_checked += 1;
-            self.top1_agree += (argmax(ours) as u64 == pos["argmax"].as_u64().unwrap()) as usize;
-        }
-    }
-
-    fn mean(&self) -> f64 {
-        self.errors.iter().sum::<f64>() / self.errors.len() as f64
-    }
-
-    fn max(&self) -> f64 {
-        self.errors.iter().copied().fold(0.0, f64::max)
-    }
-}
 
 /// `exact`: prompts whose 32 greedy tokens must all equal llama.cpp's, with no allowance for
 /// near ties (SmolLM2's "The capital of France is").
@@ -88,7 +61,7 @@ fn check_on(fx: &Value, model: &Model, name: &str, exact: &[usize]) {
         // Batch: every position in one pass.
         let mut cache = model.new_cache(2048).unwrap();
         let logits = model.forward_one(&pool, &mut cache, &tokens, LogitsWanted::All, &mut scratch).unwrap();
-        let mut batch = Stats::default();
+        let mut batch = PositionStats::default();
         for &(i, pos) in &positions {
             batch.add(logits.get(0, i).unwrap(), pos);
         }
@@ -99,7 +72,7 @@ fn check_on(fx: &Value, model: &Model, name: &str, exact: &[usize]) {
 
         // Decode: one token at a time, then 32 greedy tokens.
         let mut cache = model.new_cache(2048).unwrap();
-        let mut decode = Stats::default();
+        let mut decode = PositionStats::default();
         let mut last = Vec::new();
         let mut at = positions.iter().peekable();
         for (i, &tok) in tokens.iter().enumerate() {
@@ -148,15 +121,8 @@ fn check_together(fx: &Value, model: &Model, name: &str) {
         .iter()
         .map(|p| p["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect())
         .collect();
-    let mut tables = Vec::new();
-    let mut next = 0u32;
-    for p in &prompts {
-        let n = p.len().div_ceil(BLOCK_TOKENS) as u32;
-        // Blocks handed out in reverse, so that no table is the identity.
-        tables.push((next..next + n).rev().collect::<Vec<u32>>());
-        next += n;
-    }
-    let mut kv = model.new_pool(next as usize).unwrap();
+    let (tables, n_blocks) = reversed_tables(prompts.iter().map(|p| p.len().div_ceil(BLOCK_TOKENS)));
+    let mut kv = model.new_pool(n_blocks).unwrap();
     let batch: Vec<SeqInput> = prompts
         .iter()
         .zip(&tables)
@@ -165,7 +131,7 @@ fn check_together(fx: &Value, model: &Model, name: &str) {
     let mut scratch = Scratch::new();
     let logits = model.forward(&Pool::new(2), &mut kv, &batch, &mut scratch).unwrap();
     for (pi, prompt) in fx["prompts"].as_array().unwrap().iter().enumerate() {
-        let mut together = Stats::default();
+        let mut together = PositionStats::default();
         for (i, pos) in positions(prompt) {
             together.add(logits.get(pi, i).unwrap(), pos);
         }

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use onebit_gguf::{GgmlType, GgufWriter, OwnedValue};
 use onebit_kernels::{KernelTier, Pool};
 use onebit_model::{BLOCK_TOKENS, Device, LogitsWanted, LoraUse, Model, ModelError, ModelOptions, Scratch, SeqInput};
-use onebit_testkit::{PositionStats, argmax, margin_over_std};
+use onebit_testkit::{PositionStats, argmax, margin_over_std, reversed_tables};
 use serde_json::Value;
 
 /// The models use all cores; run one at a time.
@@ -133,14 +133,8 @@ fn sequences_with_different_adapters_share_a_batch() {
     for tier in KernelTier::available() {
         let model = load(&model_path, &adapter, tier);
         let prompts: Vec<Vec<u32>> = order.iter().map(|&p| tokens_of(&base["prompts"][p])).collect();
-        let mut tables = Vec::new();
-        let mut next = 0u32;
-        for p in &prompts {
-            let n = p.len().div_ceil(BLOCK_TOKENS) as u32;
-            tables.push((next..next + n).rev().collect::<Vec<u32>>());
-            next += n;
-        }
-        let mut kv = model.new_pool(next as usize).unwrap();
+        let (tables, n_blocks) = reversed_tables(prompts.iter().map(|p| p.len().div_ceil(BLOCK_TOKENS)));
+        let mut kv = model.new_pool(n_blocks).unwrap();
         let batch: Vec<SeqInput> = prompts
             .iter()
             .zip(&tables)

@@ -158,3 +158,19 @@ impl PositionStats {
         assert_eq!(self.top1_agree, self.top1_checked, "{what}: top-1 disagrees");
     }
 }
+
+/// Block tables for sequences of `blocks[i]` blocks each, in one pool: consecutive block ids
+/// handed out in reverse within each table, so that no table is the identity (a test then
+/// shows attention reads through the table). Returns the tables and the pool's size in blocks.
+pub fn reversed_tables(blocks: impl IntoIterator<Item = usize>) -> (Vec<Vec<u32>>, usize) {
+    let mut next = 0u32;
+    let tables = blocks
+        .into_iter()
+        .map(|n| {
+            let t = (next..next + n as u32).rev().collect();
+            next += n as u32;
+            t
+        })
+        .collect();
+    (tables, next as usize)
+}
