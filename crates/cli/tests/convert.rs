@@ -22,6 +22,7 @@
 //! The same run converts each model with both tools and checks that `onebit logits` gives
 //! identical output on the two files (the round trip).
 
+use onebit_testkit::hashed_value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -55,19 +56,6 @@ const CASES: &[(&str, &str)] = &[
     ("ternary-qwen3", "tq2_0"),
     ("ternary-qwen3", "f16"),
 ];
-
-/// A deterministic value in about [-2, 2): the sum of four uniforms from a hash of (seed, i).
-fn value(seed: u64, i: u64) -> f32 {
-    let mut h = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ i.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    let mut sum = 0f32;
-    for _ in 0..4 {
-        h ^= h >> 31;
-        h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
-        h ^= h >> 29;
-        sum += (h >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-    }
-    sum
-}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Weights {
@@ -188,19 +176,19 @@ fn tensor_values(s: &Spec, k: usize, name: &str, shape: &[usize]) -> Vec<f32> {
     if shape.len() == 1 {
         // Norm weights near 1, biases small.
         let (base, scale) = if name.ends_with("norm.weight") { (1.0, 0.1) } else { (0.0, 0.05) };
-        return (0..n).map(|i| base + scale * value(seed, i as u64)).collect();
+        return (0..n).map(|i| base + scale * hashed_value(seed, i as u64)).collect();
     }
     let scale = 0.5 / (shape[1] as f32).sqrt();
     match s.weights {
-        Weights::Random => (0..n).map(|i| scale * value(seed, i as u64)).collect(),
+        Weights::Random => (0..n).map(|i| scale * hashed_value(seed, i as u64)).collect(),
         Weights::Binary | Weights::Ternary => {
             let block = if s.weights == Weights::Binary { 128 } else { 256 };
             (0..n)
                 .map(|i| {
                     let b = (i / block) as u64;
                     // A block scale with few mantissa bits: exact in BF16 and F16.
-                    let sc = scale * (1.0 + (value(seed ^ 0x55, b).abs() * 8.0).round() / 8.0);
-                    let r = value(seed, i as u64);
+                    let sc = scale * (1.0 + (hashed_value(seed ^ 0x55, b).abs() * 8.0).round() / 8.0);
+                    let r = hashed_value(seed, i as u64);
                     match s.weights {
                         Weights::Binary => sc.copysign(r),
                         _ if r.abs() < 0.4 => 0.0,
@@ -578,7 +566,7 @@ fn bad_checkpoints_are_clear_errors() {
 
 /// Writes the table with the reference converter, and checks the round trip (see the header).
 #[test]
-#[ignore]
+#[ignore = "needs the reference converter (CONVERT_PYTHON, LLAMA_CPP_SRC)"]
 fn regenerate() {
     let python = std::env::var("CONVERT_PYTHON").expect("CONVERT_PYTHON: a Python with torch and transformers");
     let llama = std::env::var("LLAMA_CPP_SRC").expect("LLAMA_CPP_SRC: llama.cpp's source (convert_hf_to_gguf.py)");

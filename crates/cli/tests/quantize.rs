@@ -21,6 +21,7 @@
 //!     cargo test -p onebit-cli --test quantize -- --ignored --nocapture regenerate
 //! ```
 
+use onebit_testkit::hashed_value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -110,7 +111,7 @@ fn prepare_imatrix(flags: &str, dir: &Path) {
             })
             .collect();
         let sums: Vec<f32> = (0..cols * experts)
-            .map(|i| (value(1000 + k as u64, i) + 2.5) * counts[(i / cols) as usize].max(1.0))
+            .map(|i| (hashed_value(1000 + k as u64, i) + 2.5) * counts[(i / cols) as usize].max(1.0))
             .collect();
         let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let shape = if experts > 1 { vec![cols, experts] } else { vec![cols] };
@@ -119,19 +120,6 @@ fn prepare_imatrix(flags: &str, dir: &Path) {
         w.add_tensor(format!("{}.counts", t.name()), GgmlType::F32, &shape, f32_bytes(&counts)).unwrap();
     }
     w.write_file(&path).unwrap();
-}
-
-/// A deterministic value in about [-2, 2): the sum of four uniforms from a hash of (seed, i).
-fn value(seed: u64, i: u64) -> f32 {
-    let mut h = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ i.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    let mut sum = 0f32;
-    for _ in 0..4 {
-        h ^= h >> 31;
-        h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
-        h ^= h >> 29;
-        sum += (h >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-    }
-    sum
 }
 
 struct Spec {
@@ -231,7 +219,7 @@ fn synthetic(name: &str, path: &Path) {
                 if shape.len() > 1 && r == 5 && i % row < 32 {
                     return 0.25 * scale; // a constant block
                 }
-                let v = value(seed, i) * scale;
+                let v = hashed_value(seed, i) * scale;
                 if i % 197 == 11 { v * 9.0 } else { v }
             })
             .collect();

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use onebit_gguf::GgmlType;
 use onebit_kernels::{BatchRounding, KernelTier, Pool};
 use onebit_model::{BLOCK_TOKENS, Device, KvType, LogitsWanted, Model, ModelOptions, Scratch, SeqInput};
-use onebit_testkit::{PositionStats, argmax, margin_over_std, reversed_tables};
+use onebit_testkit::{PositionStats, argmax, margin_over_std, prompt_tokens, reversed_tables};
 use serde_json::Value;
 
 /// The models use all cores; run one at a time.
@@ -54,8 +54,7 @@ fn check_on(fx: &Value, model: &Model, name: &str, exact: &[usize]) {
     let pool = Pool::new(2);
     let mut scratch = Scratch::new();
     for (pi, prompt) in fx["prompts"].as_array().unwrap().iter().enumerate() {
-        let tokens: Vec<u32> =
-            prompt["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+        let tokens: Vec<u32> = prompt_tokens(prompt);
         let positions = positions(prompt);
 
         // Batch: every position in one pass.
@@ -115,12 +114,7 @@ fn check_on(fx: &Value, model: &Model, name: &str, exact: &[usize]) {
 /// path): each prompt's logits must meet the same tolerances as when it runs alone.
 fn check_together(fx: &Value, model: &Model, name: &str) {
     let (max_tol, mean_tol) = tolerance(fx);
-    let prompts: Vec<Vec<u32>> = fx["prompts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect())
-        .collect();
+    let prompts: Vec<Vec<u32>> = fx["prompts"].as_array().unwrap().iter().map(prompt_tokens).collect();
     let (tables, n_blocks) = reversed_tables(prompts.iter().map(|p| p.len().div_ceil(BLOCK_TOKENS)));
     let mut kv = model.new_pool(n_blocks).unwrap();
     let batch: Vec<SeqInput> = prompts

@@ -11,17 +11,13 @@ use std::sync::Mutex;
 use onebit_gguf::{GgmlType, GgufWriter, OwnedValue};
 use onebit_kernels::{KernelTier, Pool};
 use onebit_model::{BLOCK_TOKENS, Device, LogitsWanted, LoraUse, Model, ModelError, ModelOptions, Scratch, SeqInput};
-use onebit_testkit::{PositionStats, argmax, margin_over_std, reversed_tables};
+use onebit_testkit::{PositionStats, argmax, margin_over_std, prompt_tokens, reversed_tables};
 use serde_json::Value;
 
 /// The models use all cores; run one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
 const ADAPTER: &str = "models/lora-qwen3-q8_0-r8.gguf";
-
-fn tokens_of(prompt: &Value) -> Vec<u32> {
-    prompt["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect()
-}
 
 /// The fixture, the base model and the adapter, if all are present.
 fn inputs(fixture: &str) -> Option<(Value, PathBuf, PathBuf)> {
@@ -48,7 +44,7 @@ fn check_fixture(fixture: &str) {
         let pool = Pool::new(2);
         let mut scratch = Scratch::new();
         for (pi, prompt) in fx["prompts"].as_array().unwrap().iter().enumerate() {
-            let tokens = tokens_of(prompt);
+            let tokens = prompt_tokens(prompt);
             let positions = prompt["positions"].as_array().unwrap();
             let mut cache = model.new_cache(2048).unwrap();
             let logits =
@@ -132,7 +128,7 @@ fn sequences_with_different_adapters_share_a_batch() {
     let order: Vec<usize> = (0..2 * n_prompts).map(|i| i % n_prompts).collect();
     for tier in KernelTier::available() {
         let model = load(&model_path, &adapter, tier);
-        let prompts: Vec<Vec<u32>> = order.iter().map(|&p| tokens_of(&base["prompts"][p])).collect();
+        let prompts: Vec<Vec<u32>> = order.iter().map(|&p| prompt_tokens(&base["prompts"][p])).collect();
         let (tables, n_blocks) = reversed_tables(prompts.iter().map(|p| p.len().div_ceil(BLOCK_TOKENS)));
         let mut kv = model.new_pool(n_blocks).unwrap();
         let batch: Vec<SeqInput> = prompts
@@ -145,7 +141,7 @@ fn sequences_with_different_adapters_share_a_batch() {
         let logits = model.forward_adapted(&Pool::new(2), &mut kv, &batch, &lora, &mut scratch).unwrap();
         for (s, &p) in order.iter().enumerate() {
             let reference = refs[s % 3];
-            assert_eq!(tokens_of(&reference["prompts"][p]), prompts[s], "the fixtures share their prompts");
+            assert_eq!(prompt_tokens(&reference["prompts"][p]), prompts[s], "the fixtures share their prompts");
             let mut stats = PositionStats::default();
             for (i, pos) in reference["prompts"][p]["positions"].as_array().unwrap().iter().enumerate() {
                 stats.add(logits.get(s, i).unwrap(), pos);

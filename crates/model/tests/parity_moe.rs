@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use onebit_gguf::GgmlType;
 use onebit_kernels::{BatchRounding, KernelTier, Pool};
 use onebit_model::{BLOCK_TOKENS, LogitsWanted, Model, ModelOptions, Scratch, SeqInput};
-use onebit_testkit::{argmax, margin_over_std, position_error};
+use onebit_testkit::{argmax, margin_over_std, position_error, prompt_tokens};
 use serde_json::Value;
 
 /// The models use all cores; run one at a time.
@@ -80,10 +80,6 @@ impl Stats {
     }
 }
 
-fn tokens_of(prompt: &Value) -> Vec<u32> {
-    prompt["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect()
-}
-
 /// Greedy tokens from `last` while they agree with the reference's, stopping before a step
 /// whose routes or top two logits nearly tie: (agreed, compared).
 fn greedy(
@@ -117,7 +113,7 @@ fn check_on(fx: &Value, model: &Model, name: &str) {
     let pool = Pool::new(2);
     let mut scratch = Scratch::new();
     for (pi, prompt) in fx["prompts"].as_array().unwrap().iter().enumerate() {
-        let tokens = tokens_of(prompt);
+        let tokens = prompt_tokens(prompt);
         let positions = prompt["positions"].as_array().unwrap();
 
         let mut cache = model.new_cache(2048).unwrap();
@@ -156,15 +152,9 @@ fn check_on(fx: &Value, model: &Model, name: &str) {
 /// Every prompt in one pass over a shared pool (blocks handed out in reverse): each meets the
 /// same rules as alone.
 fn check_together(fx: &Value, model: &Model, name: &str) {
-    let prompts: Vec<Vec<u32>> = fx["prompts"].as_array().unwrap().iter().map(tokens_of).collect();
-    let mut tables = Vec::new();
-    let mut next = 0u32;
-    for p in &prompts {
-        let n = p.len().div_ceil(BLOCK_TOKENS) as u32;
-        tables.push((next..next + n).rev().collect::<Vec<u32>>());
-        next += n;
-    }
-    let mut kv = model.new_pool(next as usize).unwrap();
+    let prompts: Vec<Vec<u32>> = fx["prompts"].as_array().unwrap().iter().map(prompt_tokens).collect();
+    let (tables, n_blocks) = onebit_testkit::reversed_tables(prompts.iter().map(|p| p.len().div_ceil(BLOCK_TOKENS)));
+    let mut kv = model.new_pool(n_blocks).unwrap();
     let batch: Vec<SeqInput> = prompts
         .iter()
         .zip(&tables)
@@ -233,7 +223,7 @@ fn a_rows_result_does_not_depend_on_its_batch() {
     let Some(path) = shared_model("qwen3moe-tq2_0") else { return };
     let Some(fx) = onebit_testkit::fixture("logits-qwen3moe-tq2_0.json") else { return };
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let prompts: Vec<Vec<u32>> = fx["prompts"].as_array().unwrap().iter().map(tokens_of).collect();
+    let prompts: Vec<Vec<u32>> = fx["prompts"].as_array().unwrap().iter().map(prompt_tokens).collect();
     let toks = &prompts[2];
     let pool = Pool::new(2);
     for tier in KernelTier::available() {

@@ -174,3 +174,22 @@ pub fn reversed_tables(blocks: impl IntoIterator<Item = usize>) -> (Vec<Vec<u32>
         .collect();
     (tables, next as usize)
 }
+
+/// A fixture prompt's token ids (`"tokens"`).
+pub fn prompt_tokens(prompt: &serde_json::Value) -> Vec<u32> {
+    prompt["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect()
+}
+
+/// A deterministic value in about [-2, 2): the sum of four uniforms from a hash of (seed, i),
+/// for the weights of models that tests write.
+pub fn hashed_value(seed: u64, i: u64) -> f32 {
+    let mut h = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ i.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    let mut sum = 0f32;
+    for _ in 0..4 {
+        h ^= h >> 31;
+        h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+        h ^= h >> 29;
+        sum += (h >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+    }
+    sum
+}
