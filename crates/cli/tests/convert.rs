@@ -5,14 +5,18 @@
 //! generation config, a Qwen2 in F16 in two shards with an index, q/k/v biases and a vocabulary
 //! padded past its tokenizer, a Llama in BF16 with Llama 3 rope scaling (q/k rows reordered,
 //! `rope_freqs`), a Llama 2 (with a `tokenizer.json` beside it) and a Mistral (with added
-//! tokens) with a SentencePiece `tokenizer.model`, and a ternary Qwen3 (each 256-block ±s or 0)
-//! for TQ1_0/TQ2_0. Their tokenizers are the small real-pipeline BPEs and SentencePiece model of
-//! `tests/data/convert/` (scripts/convert/make_tokenizers.py).
+//! tokens) with a SentencePiece `tokenizer.model`, a ternary Qwen3 (each 256-block ±s or 0)
+//! for TQ1_0/TQ2_0, a SmolLM2-shaped Llama with SmolLM2's real vocabulary (from `../shared`),
+//! Llama/Qwen3/Mistral configs that leave Transformers' defaults out, and a Qwen3 with a model
+//! card (`tests/data/convert/model-card.md`). The other tokenizers are the small real-pipeline
+//! BPEs and SentencePiece model of `tests/data/convert/` (scripts/convert/make_tokenizers.py).
 //!
 //! `tests/data/convert-sha256.txt` holds the SHA-256 of the reference converter's output for
-//! each (model, type). To regenerate it, with a Python that has torch and transformers and
-//! llama.cpp's source (scripts/convert/reference.py names the test tokenizers' pre-tokenizer,
-//! whose hash llama.cpp cannot know):
+//! each (model, type). To regenerate it, with a Python that has llama.cpp's converter
+//! requirements (`requirements/requirements-convert_hf_to_gguf.txt`: torch, Transformers
+//! 4.57.6, whose configuration defaults the files depend on) and llama.cpp's source
+//! (scripts/convert/reference.py names the stand-in tokenizers' pre-tokenizer, whose hash
+//! llama.cpp cannot know; SmolLM's real vocabulary is named by the converter itself):
 //!
 //! ```text
 //! CONVERT_PYTHON=.venv/bin/python LLAMA_CPP_SRC=/path/to/llama.cpp \
@@ -22,6 +26,10 @@
 //! The same run converts each model with both tools and checks that `onebit logits` gives
 //! identical output on the two files (the round trip).
 
+#[path = "convert/files.rs"]
+mod files;
+
+use files::{MODEL_CARD, add_tokens, llama2_tokenizer_json, smollm_tokenizer};
 use onebit_testkit::hashed_value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -55,6 +63,12 @@ const CASES: &[(&str, &str)] = &[
     ("ternary-qwen3", "tq1_0"),
     ("ternary-qwen3", "tq2_0"),
     ("ternary-qwen3", "f16"),
+    ("smollm-tiny", "bf16"),
+    ("smollm-tiny", "q8_0"),
+    ("llama-minimal", "f16"),
+    ("qwen3-minimal", "bf16"),
+    ("mistral-minimal", "f16"),
+    ("qwen3-card", "bf16"),
 ];
 
 #[derive(Clone, Copy, PartialEq)]
@@ -68,7 +82,12 @@ enum Weights {
 
 struct Spec {
     class: &'static str,
+    /// `tests/data/convert/NAME`, or `smollm`: SmolLM2's real vocabulary, taken from
+    /// `../shared/models/llama-q4_1.gguf` (see [`smollm_tokenizer`]).
     tokenizer: &'static str,
+    /// Only the fields the tensors need in config.json, so that Transformers' defaults fill in
+    /// the rest for the reference converter.
+    minimal: bool,
     hidden: usize,
     layers: usize,
     heads: usize,
@@ -87,6 +106,7 @@ fn spec(name: &str) -> Spec {
     let base = Spec {
         class: "Qwen3ForCausalLM",
         tokenizer: "qwen2",
+        minimal: false,
         hidden: 64,
         layers: 2,
         heads: 4,
@@ -102,6 +122,8 @@ fn spec(name: &str) -> Spec {
     };
     match name {
         "qwen3-tiny" => base,
+        // The same with a model card (README.md front matter) and a `_name_or_path`.
+        "qwen3-card" => base,
         "qwen2-tiny" => Spec {
             class: "Qwen2ForCausalLM",
             head_dim: 16,
@@ -132,6 +154,32 @@ fn spec(name: &str) -> Spec {
         }
         "ternary-qwen3" => Spec { hidden: 256, layers: 1, head_dim: 64, ffn: 256, weights: Weights::Ternary, ..base },
         "bonsai-qwen3" => Spec { hidden: 128, head_dim: 32, ffn: 256, weights: Weights::Binary, ..base },
+        // SmolLM2's shape in small: Llama with its real GPT-2-style vocabulary (49,152 tokens,
+        // pre-tokenizer named by hash), tied embeddings, a ChatML template.
+        "smollm-tiny" => Spec { class: "LlamaForCausalLM", tokenizer: "smollm", head_dim: 16, vocab: 49152, ..base },
+        // config.json without the fields Transformers fills in (context, eps, theta, head_dim).
+        "llama-minimal" => Spec {
+            class: "LlamaForCausalLM",
+            tokenizer: "llama3",
+            minimal: true,
+            head_dim: 16,
+            vocab: 365,
+            tied: false,
+            dtype: Dtype::F16,
+            ..base
+        },
+        // Qwen3's default head_dim is 128.
+        "qwen3-minimal" => Spec { minimal: true, head_dim: 128, ..base },
+        "mistral-minimal" => Spec {
+            class: "MistralForCausalLM",
+            tokenizer: "llama2",
+            minimal: true,
+            head_dim: 16,
+            vocab: 400,
+            tied: false,
+            dtype: Dtype::F16,
+            ..base
+        },
         other => panic!("no test checkpoint {other}"),
     }
 }
@@ -214,12 +262,17 @@ fn write_checkpoint(name: &str, root: &Path) -> PathBuf {
     let s = spec(name);
     let dir = root.join(name);
     std::fs::create_dir_all(&dir).unwrap();
-    let tok = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/convert").join(s.tokenizer);
-    for f in std::fs::read_dir(&tok).unwrap() {
-        let f = f.unwrap();
-        std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+    if s.tokenizer == "smollm" {
+        smollm_tokenizer(&dir);
+    } else {
+        let tok = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/convert").join(s.tokenizer);
+        for f in std::fs::read_dir(&tok).unwrap() {
+            let f = f.unwrap();
+            std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+        }
     }
     match name {
+        "qwen3-card" => std::fs::write(dir.join("README.md"), MODEL_CARD).unwrap(),
         "mistral-tiny" => add_tokens(&dir),
         "llama2-tiny" => llama2_tokenizer_json(&dir),
         _ => {}
@@ -264,6 +317,25 @@ fn write_checkpoint(name: &str, root: &Path) -> PathBuf {
         config["bos_token_id"] = json!(360);
         config["eos_token_id"] = json!([361, 364]);
     }
+    if s.tokenizer == "smollm" {
+        // SmolLM2-135M-Instruct's values.
+        config["max_position_embeddings"] = json!(8192);
+        config["rms_norm_eps"] = json!(1e-5);
+        config["rope_theta"] = json!(100000);
+        config["bos_token_id"] = json!(1);
+        config["eos_token_id"] = json!(2);
+        config["pad_token_id"] = json!(2);
+        config["_name_or_path"] = json!("HuggingFaceTB/SmolLM2-135M-Instruct");
+    }
+    if name == "qwen3-card" {
+        config["_name_or_path"] = json!("Qwen/Qwen3-0.6B");
+    }
+    if s.minimal {
+        let keep = ["architectures", "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads"];
+        let more = ["num_key_value_heads", "intermediate_size", "vocab_size", "torch_dtype"];
+        config.as_object_mut().unwrap().retain(|k, _| keep.contains(&k.as_str()) || more.contains(&k.as_str()));
+        let _ = std::fs::remove_file(dir.join("generation_config.json"));
+    }
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config).unwrap()).unwrap();
     let list = tensor_list(&s);
     let bytes: Vec<Vec<u8>> =
@@ -292,58 +364,26 @@ fn write_checkpoint(name: &str, root: &Path) -> PathBuf {
     dir
 }
 
-/// Llama 2 folders ship a `tokenizer.json` beside `tokenizer.model`: the converter takes the
-/// vocabulary from `tokenizer.model` and only the special tokens from it. This is the part it
-/// reads (added tokens, normalizer, post-processor), in Llama 2's layout; its BPE vocabulary is
-/// left empty, so a converter that read it would write a different file.
-fn llama2_tokenizer_json(dir: &Path) {
-    let added = |id: u32, content: &str| {
-        json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
-               "normalized": false, "special": true})
-    };
-    let special = |id: &str, type_id: u32| json!({"SpecialToken": {"id": id, "type_id": type_id}});
-    let seq = |id: &str, type_id: u32| json!({"Sequence": {"id": id, "type_id": type_id}});
-    let tok = json!({
-        "version": "1.0",
-        "added_tokens": [added(0, "<unk>"), added(1, "<s>"), added(2, "</s>")],
-        "normalizer": {"type": "Sequence", "normalizers": [
-            {"type": "Prepend", "prepend": "\u{2581}"},
-            {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}
-        ]},
-        "pre_tokenizer": null,
-        "post_processor": {
-            "type": "TemplateProcessing",
-            "single": [special("<s>", 0), seq("A", 0)],
-            "pair": [special("<s>", 0), seq("A", 0), special("<s>", 1), seq("B", 1)],
-            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}
-        },
-        "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "fuse_unk": true,
-                  "byte_fallback": true, "vocab": {}, "merges": []}
-    });
-    std::fs::write(dir.join("tokenizer.json"), serde_json::to_string_pretty(&tok).unwrap()).unwrap();
-}
-
-/// Added tokens over the SentencePiece pieces, as fine-tunes add them: `added_tokens.json` (one
-/// id past the vocabulary, which the converter drops) and `added_tokens_decoder` entries that are
-/// special, not special, not special but special-looking, and not special with a `▁`.
-fn add_tokens(dir: &Path) {
-    std::fs::write(dir.join("added_tokens.json"), json!({"[/INST]": 7, "<beyond>": 999}).to_string()).unwrap();
-    let path = dir.join("tokenizer_config.json");
-    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let entry = |content: &str, special: bool| {
-        json!({"content": content, "lstrip": false, "normalized": false, "rstrip": false,
-               "single_word": false, "special": special})
-    };
-    let decoder = cfg["added_tokens_decoder"].as_object_mut().unwrap();
-    decoder.insert("4".into(), entry("[INST]", true));
-    decoder.insert("5".into(), entry("\u{2581}Call", false));
-    decoder.insert("6".into(), entry("<|im_end|>", false));
-    decoder.insert("7".into(), entry("[/INST]", false));
-    std::fs::write(&path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
-}
-
 fn onebit_convert(dir: &Path, out: &Path, ty: &str) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_onebit")).args(["convert", "-q", "--type", ty]).arg(dir).arg(out).output().unwrap()
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_onebit"));
+    cmd.args(["convert", "-q", "--type", ty]);
+    let model = dir.file_name().unwrap().to_str().unwrap();
+    if let Some(pre) = stand_in_pre(model) {
+        cmd.args(["--pre", pre]);
+    }
+    cmd.arg(dir).arg(out).output().unwrap()
+}
+
+/// The pre-tokenizer name of the small stand-in BPE vocabularies, which llama.cpp's table cannot
+/// know (their check text hashes to nothing it lists): both converters are told it, onebit with
+/// `--pre`, the reference through scripts/convert/reference.py. `None` where the converters find
+/// it themselves (SmolLM's real vocabulary, SentencePiece models).
+fn stand_in_pre(model: &str) -> Option<&'static str> {
+    match spec(model).tokenizer {
+        "qwen2" => Some("qwen2"),
+        "llama3" => Some("llama-bpe"),
+        _ => None,
+    }
 }
 
 fn sha256(path: &Path) -> String {
@@ -368,7 +408,11 @@ fn converted_files_equal_the_reference_converters() {
     let table = table();
     assert_eq!(table.len(), CASES.len(), "the table covers every case (regenerate it)");
     let mut failures = Vec::new();
+    let shared = onebit_testkit::shared().is_some();
     for (model, ty, want) in &table {
+        if spec(model).tokenizer == "smollm" && !shared {
+            continue;
+        }
         let dir = tmp.path().join(model);
         let dir = if dir.exists() { dir } else { write_checkpoint(model, tmp.path()) };
         let out = tmp.path().join(format!("{model}-{ty}.gguf"));
@@ -578,12 +622,8 @@ fn regenerate() {
         let dir = tmp.path().join(model);
         let dir = if dir.exists() { dir } else { write_checkpoint(model, tmp.path()) };
         let reference = tmp.path().join(format!("{model}-{ty}.ref.gguf"));
-        // SentencePiece vocabularies have no pre-tokenizer to name ("default").
-        let pre = match spec(model).tokenizer {
-            "llama3" => "llama-bpe",
-            "llama2" => "default",
-            _ => "qwen2",
-        };
+        // "-": the converter names the pre-tokenizer itself.
+        let pre = stand_in_pre(model).unwrap_or("-");
         let o = Command::new(&python)
             .arg(&script)
             .args([&llama, pre, "--"])
@@ -611,4 +651,50 @@ fn regenerate() {
         lines.push(format!("{model} {ty} {want}"));
     }
     std::fs::write(Path::new(env!("CARGO_MANIFEST_DIR")).join(TABLE), lines.join("\n") + "\n").unwrap();
+}
+
+/// A BPE vocabulary whose check-text hash llama.cpp's converter does not know is refused as the
+/// converter refuses it (naming the hash), unless `--pre` names the pre-tokenizer.
+#[test]
+fn unknown_pre_tokenizer_hash_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = write_checkpoint("qwen3-tiny", tmp.path());
+    let out = tmp.path().join("out.gguf");
+    let o = Command::new(env!("CARGO_BIN_EXE_onebit"))
+        .args(["convert", "-q", "--type", "f16"])
+        .arg(&dir)
+        .arg(&out)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    for needle in ["tokenizer.json", "not recognized", "chkhsh", "--pre"] {
+        assert!(err.contains(needle), "error should name {needle:?}: {err}");
+    }
+    assert!(!out.exists());
+}
+
+/// The model card's keys as the reference writes them (the table checks the bytes; this says
+/// what they are).
+#[test]
+fn model_card_fills_the_general_keys() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = write_checkpoint("qwen3-card", tmp.path());
+    let out = tmp.path().join("card.gguf");
+    let o = onebit_convert(&dir, &out, "bf16");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let file = onebit_gguf::GgufFile::open(&out).unwrap();
+    let md = file.metadata();
+    let text = |k: &str| md.get_str(k).unwrap_or_else(|e| panic!("{k}: {e}")).to_string();
+    assert_eq!(text("general.name"), "Qwen3 0.6B");
+    assert_eq!(text("general.organization"), "Qwen");
+    assert_eq!(text("general.author"), "Qwen Team");
+    assert_eq!(text("general.license"), "apache-2.0");
+    assert_eq!(md.get_u32("general.base_model.count").unwrap(), 3);
+    assert_eq!(text("general.base_model.0.repo_url"), "https://huggingface.co/Qwen/Qwen3-0.6B-Base");
+    assert_eq!(text("general.base_model.1.version"), "v1.2");
+    assert_eq!(text("general.base_model.2.organization"), "Acme");
+    assert_eq!(text("general.dataset.0.organization"), "HuggingFaceTB");
+    assert_eq!(md.get_str_array("general.tags").unwrap(), ["chat", "onebit-test", "text-generation"]);
+    assert_eq!(md.get_str_array("general.languages").unwrap(), ["en", "zh", "no"]);
 }

@@ -45,6 +45,114 @@ impl Arch {
     }
 }
 
+/// How Transformers fills in a field that config.json leaves out.
+#[derive(Clone, Copy)]
+enum Fill {
+    Int(u64),
+    Float(f64),
+    /// `num_attention_heads`.
+    Heads,
+    /// `hidden_size / num_attention_heads`.
+    HeadDim,
+}
+
+/// The defaults of Transformers' (4.57) configuration classes, by `model_type` (which is how
+/// `AutoConfig` picks the class), for the fields the converter reads.
+const DEFAULTS: &[(&str, &[(&str, Fill)])] = &[
+    (
+        "llama",
+        &[
+            ("vocab_size", Fill::Int(32000)),
+            ("hidden_size", Fill::Int(4096)),
+            ("intermediate_size", Fill::Int(11008)),
+            ("num_hidden_layers", Fill::Int(32)),
+            ("num_attention_heads", Fill::Int(32)),
+            ("num_key_value_heads", Fill::Heads),
+            ("head_dim", Fill::HeadDim),
+            ("max_position_embeddings", Fill::Int(2048)),
+            ("rms_norm_eps", Fill::Float(1e-6)),
+            ("rope_theta", Fill::Float(10000.0)),
+        ],
+    ),
+    (
+        "mistral",
+        &[
+            ("vocab_size", Fill::Int(32000)),
+            ("hidden_size", Fill::Int(4096)),
+            ("intermediate_size", Fill::Int(14336)),
+            ("num_hidden_layers", Fill::Int(32)),
+            ("num_attention_heads", Fill::Int(32)),
+            ("num_key_value_heads", Fill::Int(8)),
+            ("max_position_embeddings", Fill::Int(131072)),
+            ("rms_norm_eps", Fill::Float(1e-6)),
+            ("rope_theta", Fill::Float(10000.0)),
+        ],
+    ),
+    (
+        "qwen2",
+        &[
+            ("vocab_size", Fill::Int(151936)),
+            ("hidden_size", Fill::Int(4096)),
+            ("intermediate_size", Fill::Int(22016)),
+            ("num_hidden_layers", Fill::Int(32)),
+            ("num_attention_heads", Fill::Int(32)),
+            ("num_key_value_heads", Fill::Int(32)),
+            ("max_position_embeddings", Fill::Int(32768)),
+            ("rms_norm_eps", Fill::Float(1e-6)),
+            ("rope_theta", Fill::Float(10000.0)),
+        ],
+    ),
+    (
+        "qwen3",
+        &[
+            ("vocab_size", Fill::Int(151936)),
+            ("hidden_size", Fill::Int(4096)),
+            ("intermediate_size", Fill::Int(22016)),
+            ("num_hidden_layers", Fill::Int(32)),
+            ("num_attention_heads", Fill::Int(32)),
+            ("num_key_value_heads", Fill::Int(32)),
+            ("head_dim", Fill::Int(128)),
+            ("max_position_embeddings", Fill::Int(32768)),
+            ("rms_norm_eps", Fill::Float(1e-6)),
+            ("rope_theta", Fill::Float(10000.0)),
+        ],
+    ),
+];
+
+/// The hyperparameters as the converter sees them: config.json read through Transformers'
+/// `AutoConfig`, which fills in its class's defaults. A null `num_key_value_heads` becomes the
+/// head count (every class), a null `head_dim` the hidden size per head (Llama's class only;
+/// Mistral's and Qwen3's keep it null). An unknown or missing `model_type` makes `AutoConfig`
+/// fail, and the converter then reads config.json as it is.
+pub fn hparams(config: &Map<String, Value>) -> Map<String, Value> {
+    let mut h = config.clone();
+    let kind = config.get("model_type").and_then(|m| m.as_str()).unwrap_or_default();
+    let Some((_, fields)) = DEFAULTS.iter().find(|(t, _)| *t == kind) else { return h };
+    for &(key, fill) in fields.iter() {
+        let value = match (h.get(key), fill) {
+            (Some(v), _) if !v.is_null() => continue,
+            (None, Fill::Int(n)) => Value::from(n),
+            (None, Fill::Float(x)) => Value::from(x),
+            (None, _) => derived(&h, fill),
+            (Some(_), _) if key == "num_key_value_heads" => derived(&h, Fill::Heads),
+            (Some(_), _) if key == "head_dim" && kind == "llama" => derived(&h, Fill::HeadDim),
+            (Some(_), _) => continue,
+        };
+        h.insert(key.to_string(), value);
+    }
+    h
+}
+
+/// A field Transformers computes from others (null when they are not numbers).
+fn derived(h: &Map<String, Value>, fill: Fill) -> Value {
+    let heads = h.get("num_attention_heads").and_then(|v| v.as_u64());
+    match (fill, heads, h.get("hidden_size").and_then(|v| v.as_u64())) {
+        (Fill::HeadDim, Some(n), Some(hidden)) if n > 0 => Value::from(hidden / n),
+        (Fill::Heads, Some(n), _) => Value::from(n),
+        _ => Value::Null,
+    }
+}
+
 /// The hyperparameters the tensors are checked against.
 #[derive(Clone, Debug)]
 pub struct Dims {
@@ -68,17 +176,15 @@ fn need(config: &Map<String, Value>, keys: &[&str]) -> Result<usize, ConvertErro
 }
 
 impl Dims {
-    /// The converter reads config.json through Transformers' `AutoConfig`, which fills in
-    /// `head_dim` for Llama/Mistral (hidden / heads) and Qwen3 (128) when it is absent.
-    pub fn from_config(arch: Arch, config: &Map<String, Value>) -> Result<Dims, ConvertError> {
+    /// From the [`hparams`]; a head size they do not give is the hidden size per head.
+    pub fn from_config(config: &Map<String, Value>) -> Result<Dims, ConvertError> {
         let hidden = need(config, &["hidden_size", "n_embd", "dim"])?;
         let n_head = need(config, &["num_attention_heads", "n_head", "n_heads"])?;
         if n_head == 0 {
             return Err(ConvertError::Config("num_attention_heads is 0".into()));
         }
         let n_head_kv = uint(config, &["num_key_value_heads", "n_kv_heads"]).map(|v| v as usize).unwrap_or(n_head);
-        let default_head_dim = if arch == Arch::Qwen3 { 128 } else { hidden / n_head };
-        let head_dim = uint(config, &["head_dim"]).map(|v| v as usize).unwrap_or(default_head_dim);
+        let head_dim = uint(config, &["head_dim"]).map(|v| v as usize).unwrap_or(hidden / n_head);
         Ok(Dims {
             n_layer: need(config, &["n_layers", "num_hidden_layers", "n_layer", "num_layers"])?,
             hidden,
@@ -226,8 +332,8 @@ pub fn arch_keys(arch: Arch, config: &Map<String, Value>, d: &Dims) -> Result<Ar
     if let Some(eps) = ["rms_norm_eps", "norm_eps"].iter().find_map(|k| config.get(*k)).and_then(|v| v.as_f64()) {
         put("attention.layer_norm_rms_epsilon", OwnedValue::F32(eps as f32));
     }
-    // Qwen2's configuration class has no head_dim; the others always have one (see Dims).
-    if arch != Arch::Qwen2 || config.contains_key("head_dim") {
+    // Written only when the hparams have one (Qwen2's and Mistral's classes may not).
+    if config.get("head_dim").is_some_and(|v| !v.is_null()) {
         put("attention.key_length", u32_of(d.head_dim as u64, "head_dim")?);
         put("attention.value_length", u32_of(d.head_dim as u64, "head_dim")?);
     }
@@ -295,6 +401,39 @@ mod tests {
         // Two heads of four rows: [a0 a1 b0 b1] -> [a0 b0 a1 b1] per head.
         assert_eq!(permuted_rows(8, 2).unwrap(), vec![0, 2, 1, 3, 4, 6, 5, 7]);
         assert!(permuted_rows(6, 2).is_none());
+    }
+
+    /// Values printed by Transformers 4.57: `AutoConfig.from_pretrained(dir).to_dict()`.
+    #[test]
+    fn hparams_fill_in_transformers_defaults() {
+        let cfg = |v: serde_json::Value| v.as_object().unwrap().clone();
+        let base = serde_json::json!({"hidden_size": 64, "num_attention_heads": 4});
+        let with = |t: &str| {
+            let mut c = cfg(base.clone());
+            c.insert("model_type".into(), t.into());
+            hparams(&c)
+        };
+        let llama = with("llama");
+        assert_eq!((llama["head_dim"].as_u64(), llama["num_key_value_heads"].as_u64()), (Some(16), Some(4)));
+        assert_eq!(llama["max_position_embeddings"], 2048);
+        assert_eq!(llama["rms_norm_eps"].as_f64(), Some(1e-6));
+        let mistral = with("mistral");
+        assert!(!mistral.contains_key("head_dim"));
+        assert_eq!(
+            (mistral["num_key_value_heads"].as_u64(), mistral["max_position_embeddings"].as_u64()),
+            (Some(8), Some(131072))
+        );
+        let qwen2 = with("qwen2");
+        assert!(!qwen2.contains_key("head_dim"));
+        assert_eq!(qwen2["num_key_value_heads"], 32);
+        assert_eq!(with("qwen3")["head_dim"], 128);
+        // A null head count is the attention heads' count in every class.
+        let mut c = cfg(base.clone());
+        c.insert("model_type".into(), "qwen2".into());
+        c.insert("num_key_value_heads".into(), serde_json::Value::Null);
+        assert_eq!(hparams(&c)["num_key_value_heads"], 4);
+        // No model_type: AutoConfig fails and config.json is read as it is.
+        assert_eq!(hparams(&cfg(base.clone())), cfg(base));
     }
 
     #[test]

@@ -1,17 +1,16 @@
-//! The `general.*` keys llama.cpp's converter writes: sampling defaults from
-//! `generation_config.json`, then the model's name, the parts of it (basename, size label,
-//! finetune, version) its folder name gives, and a size label from the parameter count.
-//!
-//! The converter also reads a model card (README.md front matter: license, tags, base models,
-//! ...); onebit does not, so those optional keys are absent from its files.
+//! The `general.*` keys llama.cpp's converter writes (gguf-py's `Metadata`): sampling defaults
+//! from `generation_config.json`, then the authorship keys, found in its order of precedence:
+//! the model card ([`card`]: name, author, license, tags, languages, base models, datasets,
+//! ...), config.json's `_name_or_path`, the folder's name (each split into basename, size
+//! label, finetune and version by its rules), and a size label from the parameter count.
 
 use std::path::Path;
 
 use onebit_gguf::OwnedValue;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
-use super::ConvertError;
 use super::hf::read_json;
+use super::{ConvertError, card};
 
 /// `general.sampling.*` from generation_config.json, in the converter's order.
 pub fn sampling_keys(dir: &Path) -> Result<Vec<(String, OwnedValue)>, ConvertError> {
@@ -54,23 +53,251 @@ pub fn sampling_keys(dir: &Path) -> Result<Vec<(String, OwnedValue)>, ConvertErr
     Ok(kv)
 }
 
-/// The name keys from the folder's name, and the size label.
-pub fn name_keys(dir: &Path, total_params: u64) -> Vec<(String, OwnedValue)> {
-    let id = dir.canonicalize().ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
-    let id = id.unwrap_or_else(|| dir.to_string_lossy().into_owned());
-    let parts = id_components(&id, total_params);
-    let mut kv = vec![("general.name".to_string(), OwnedValue::string(id_to_title(&id)))];
-    let mut put = |k: &str, v: &Option<String>| {
-        if let Some(v) = v {
-            kv.push((format!("general.{k}"), OwnedValue::string(v.clone())));
+/// What gguf-py's `Metadata` holds for the authorship keys (the model card's raw values).
+#[derive(Default)]
+struct Authorship {
+    fields: Vec<(&'static str, Value)>,
+    base_models: Option<Vec<Map<String, Value>>>,
+    datasets: Option<Vec<Map<String, Value>>>,
+    tags: Option<Vec<Value>>,
+    languages: Option<Vec<Value>>,
+}
+
+impl Authorship {
+    fn get(&self, field: &str) -> Option<&Value> {
+        self.fields.iter().find(|(f, _)| *f == field).map(|(_, v)| v)
+    }
+
+    /// Set `field` unless it is set; a null leaves it unset, as `None` does in Python.
+    fn offer(&mut self, field: &'static str, value: Option<Value>) {
+        if let Some(v) = value.filter(|v| !v.is_null())
+            && self.get(field).is_none()
+        {
+            self.fields.push((field, v));
         }
+    }
+}
+
+/// The model card's keys the converter takes, by the field each fills (first come, first kept).
+const CARD_FIELDS: &[(&str, &str)] = &[
+    ("name", "name"),
+    ("author", "author"),
+    ("version", "version"),
+    ("organization", "organization"),
+    ("description", "description"),
+    ("finetune", "finetune"),
+    ("basename", "basename"),
+    ("size_label", "size_label"),
+    ("source_url", "url"),
+    ("source_doi", "doi"),
+    ("source_uuid", "uuid"),
+    ("source_repo_url", "repo_url"),
+    ("name", "model_name"),
+    ("author", "model_author"),
+    ("version", "model_version"),
+    ("organization", "model_organization"),
+    ("description", "model_description"),
+    ("finetune", "model_finetune"),
+    ("basename", "model_basename"),
+    ("size_label", "model_size_label"),
+    ("source_url", "model_url"),
+    ("source_doi", "model_doi"),
+    ("source_uuid", "model_uuid"),
+    ("source_repo_url", "model_repo_url"),
+    ("author", "model_creator"),
+    ("basename", "model_type"),
+];
+
+/// The authorship keys and the size label, in the converter's order.
+pub fn name_keys(
+    dir: &Path,
+    config: &Map<String, Value>,
+    total_params: u64,
+) -> Result<Vec<(String, OwnedValue)>, ConvertError> {
+    let card = card::load(dir)?;
+    let mut a = Authorship::default();
+    for &(field, key) in CARD_FIELDS {
+        a.offer(field, card.get(key).cloned());
+    }
+    a.base_models = references(&card, &["base_model", "base_models", "base_model_sources"], total_params);
+    a.datasets = references(&card, &["datasets", "dataset", "dataset_sources"], total_params);
+    for (field, key) in [("license", "license"), ("license_name", "license_name"), ("license_link", "license_link")] {
+        a.offer(field, card.get(key).cloned());
+    }
+    a.tags = card_list(&card, &["tags", "pipeline_tag"]);
+    a.languages = card_list(&card, &["languages", "language"]);
+    // `_name_or_path` when it is a model id rather than a path, then the folder's name.
+    let named = config.get("_name_or_path").and_then(|v| v.as_str()).filter(|n| n.matches('/').count() <= 1);
+    let folder = dir.canonicalize().ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+    let folder = folder.unwrap_or_else(|| dir.to_string_lossy().into_owned());
+    for id in named.into_iter().chain([folder.as_str()]) {
+        let p = id_parts(id, total_params);
+        a.offer("name", Some(Value::String(id_to_title(&p.full_name))));
+        a.offer("organization", p.org.as_deref().map(|o| Value::String(id_to_title(o))));
+        let c = p.components;
+        for (field, v) in [("basename", c.basename), ("finetune", c.finetune), ("version", c.version)] {
+            a.offer(field, v.map(Value::String));
+        }
+        a.offer("size_label", c.size_label.map(Value::String));
+    }
+    if total_params > 0 {
+        a.offer("size_label", Some(Value::String(rounded_notation(total_params))));
+    }
+    a.keys()
+}
+
+impl Authorship {
+    /// gguf-py's `set_gguf_meta_model` (empty strings and lists are not written).
+    fn keys(&self) -> Result<Vec<(String, OwnedValue)>, ConvertError> {
+        let mut kv = Vec::new();
+        let order = [
+            ("name", "name"),
+            ("author", "author"),
+            ("version", "version"),
+            ("organization", "organization"),
+            ("finetune", "finetune"),
+            ("basename", "basename"),
+            ("description", "description"),
+            ("size_label", "size_label"),
+            ("license", "license"),
+            ("license_name", "license.name"),
+            ("license_link", "license.link"),
+            ("source_url", "source.url"),
+            ("source_doi", "source.doi"),
+            ("source_uuid", "source.uuid"),
+            ("source_repo_url", "source.repo_url"),
+        ];
+        for (field, key) in order {
+            let Some(v) = self.get(field) else { continue };
+            let text = match (field, v) {
+                ("license", Value::Array(items)) => {
+                    items.iter().map(|i| text_of(i, "license")).collect::<Result<Vec<_>, _>>()?.join(",")
+                }
+                _ => text_of(v, field)?,
+            };
+            if !text.is_empty() {
+                kv.push((format!("general.{key}"), OwnedValue::string(text)));
+            }
+        }
+        for (what, list) in [("base_model", &self.base_models), ("dataset", &self.datasets)] {
+            let Some(list) = list else { continue };
+            kv.push((format!("general.{what}.count"), OwnedValue::U32(list.len() as u32)));
+            for (i, entry) in list.iter().enumerate() {
+                for field in
+                    ["name", "author", "version", "organization", "description", "url", "doi", "uuid", "repo_url"]
+                {
+                    if let Some(v) = entry.get(field) {
+                        let text = text_of(v, &format!("{what} {field}"))?;
+                        if !text.is_empty() {
+                            kv.push((format!("general.{what}.{i}.{field}"), OwnedValue::string(text)));
+                        }
+                    }
+                }
+            }
+        }
+        for (key, list) in [("tags", &self.tags), ("languages", &self.languages)] {
+            let Some(list) = list.as_ref().filter(|l| !l.is_empty()) else { continue };
+            let items = list.iter().map(|v| text_of(v, key)).collect::<Result<Vec<_>, _>>()?;
+            kv.push((format!("general.{key}"), OwnedValue::strings(&items)));
+        }
+        Ok(kv)
+    }
+}
+
+/// A model card value that must be text (the converter cannot write anything else there).
+fn text_of(v: &Value, what: &str) -> Result<String, ConvertError> {
+    v.as_str()
+        .map(str::to_string)
+        .ok_or_else(|| ConvertError::Json("README.md".into(), format!("the model card's {what} is {v}, not text")))
+}
+
+/// Tags or languages: every key's text or list, appended in order.
+fn card_list(card: &Map<String, Value>, keys: &[&str]) -> Option<Vec<Value>> {
+    let mut out: Option<Vec<Value>> = None;
+    for key in keys {
+        match card.get(*key) {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(items)) => out.get_or_insert_default().extend(items.iter().cloned()),
+            Some(Value::String(s)) => out.get_or_insert_default().push(Value::String(s.clone())),
+            Some(_) => {
+                out.get_or_insert_default();
+            }
+        }
+    }
+    out
+}
+
+/// Base models or datasets: the first of `keys` present, each entry a Hugging Face id, a URL
+/// or a mapping, turned into name/organization/version/repo_url as gguf-py does.
+fn references(card: &Map<String, Value>, keys: &[&str], total_params: u64) -> Option<Vec<Map<String, Value>>> {
+    let present = keys.iter().find(|k| card.contains_key(**k))?;
+    let ids: Vec<Value> = match card.get(*present) {
+        Some(Value::String(s)) => vec![Value::String(s.clone())],
+        Some(Value::Array(items)) => items.clone(),
+        _ => Vec::new(),
     };
-    put("version", &parts.version);
-    put("finetune", &parts.finetune);
-    put("basename", &parts.basename);
-    let size = parts.size_label.or_else(|| (total_params > 0).then(|| rounded_notation(total_params)));
-    put("size_label", &size);
-    kv
+    let entries = ids
+        .iter()
+        .map(|id| match id {
+            Value::String(id) => reference(id, total_params),
+            Value::Object(m) => m.clone(),
+            _ => Map::new(),
+        })
+        .collect();
+    Some(entries)
+}
+
+fn reference(id: &str, total_params: u64) -> Map<String, Value> {
+    let mut entry = Map::new();
+    let mut put = |k: &str, v: String| {
+        entry.insert(k.to_string(), Value::String(v));
+    };
+    let hf_id = if ["http://", "https://", "ssh://"].iter().any(|p| id.starts_with(p)) {
+        put("repo_url", id.to_string());
+        hugging_face_url_id(id)
+    } else {
+        Some(id)
+    };
+    let Some(hf_id) = hf_id else { return entry };
+    let p = id_parts(hf_id, total_params);
+    put("name", id_to_title(&p.full_name));
+    if let Some(org) = &p.org {
+        put("organization", id_to_title(org));
+    }
+    if let Some(v) = p.components.version {
+        put("version", v);
+    }
+    if !id.contains("://")
+        && let Some(org) = &p.org
+    {
+        put("repo_url", format!("https://huggingface.co/{org}/{}", p.full_name));
+    }
+    entry
+}
+
+/// `org/name` of a `https?://huggingface.co/org/name` URL (nothing after).
+fn hugging_face_url_id(url: &str) -> Option<&str> {
+    if !url.contains("huggingface.co") {
+        return None;
+    }
+    let rest = url.strip_prefix("https://huggingface.co/").or_else(|| url.strip_prefix("http://huggingface.co/"))?;
+    let (org, name) = rest.split_once('/')?;
+    (!org.is_empty() && !name.is_empty() && !name.contains('/')).then_some(rest)
+}
+
+/// A model id's full name, organization and name parts.
+struct IdParts {
+    full_name: String,
+    org: Option<String>,
+    components: Components,
+}
+
+fn id_parts(id: &str, total_params: u64) -> IdParts {
+    let (org, full_name) = match id.split_once('/') {
+        Some((o, n)) if !id.contains(' ') => (Some(o.to_string()), n.to_string()),
+        _ => (None, id.to_string()),
+    };
+    IdParts { full_name, org, components: id_components(id, total_params) }
 }
 
 /// A name in title case, except acronyms and version numbers.

@@ -2,8 +2,8 @@
 //! `convert_hf_to_gguf.py` writes it.
 //!
 //! The file has the converter's metadata keys in its order and with its values ([`meta`],
-//! [`arch`], [`vocab`]), its tensor names, shapes and order, and for F32/F16/BF16/Q8_0/TQ1_0/TQ2_0
-//! its bytes: every type goes through the quantizers of `onebit_kernels::formats`, which match
+//! [`card`], [`arch`], [`vocab`], [`pre`]), its tensor names, shapes and order, and for
+//! F32/F16/BF16/Q8_0/TQ1_0/TQ2_0 its bytes: every type goes through the quantizers of `onebit_kernels::formats`, which match
 //! ggml's (and the converter's numpy copies of them) byte for byte. Q1_0, which the converter
 //! does not write, follows the same rules as the ternary types except that the embeddings and
 //! the output matrix are Q1_0 too (as in PrismML's Bonsai files); a checkpoint whose weights
@@ -13,8 +13,10 @@
 //! code `onebit quantize` uses, its pages released once written: memory stays near one slab.
 
 mod arch;
+mod card;
 mod hf;
 mod meta;
+mod pre;
 mod spm;
 mod vocab;
 
@@ -41,8 +43,9 @@ pub struct Args {
     /// f32, f16, bf16, q8_0, tq1_0, tq2_0, q1_0, or auto (the checkpoint's own 16-bit type).
     #[arg(long = "type", value_name = "TYPE", default_value = "auto")]
     pub ty: String,
-    /// The pre-tokenizer's llama.cpp name (qwen2, llama-bpe, smollm, gpt-2, ...), when
-    /// tokenizer.json declares one onebit does not recognise.
+    /// The BPE pre-tokenizer's llama.cpp name (qwen2, llama-bpe, smollm, gpt-2, ...), for a
+    /// vocabulary whose check-text hash llama.cpp's converter does not know (otherwise it is
+    /// found by that hash, as the converter finds it).
     #[arg(long)]
     pub pre: Option<String>,
     /// Threads to use (all cores by default).
@@ -195,12 +198,13 @@ struct Job {
 impl Job {
     fn plan(model: &HfModel, requested: Option<OutType>, pre: Option<&str>) -> Result<Job, ConvertError> {
         let arch = Arch::from_config(&model.config)?;
-        let dims = Dims::from_config(arch, &model.config)?;
+        let hparams = arch::hparams(&model.config);
+        let dims = Dims::from_config(&hparams)?;
         let out = requested.unwrap_or_else(|| auto_type(model));
         let mut tensors = Vec::new();
         let mut fallbacks = Vec::new();
         if arch == Arch::Llama
-            && let Some(factors) = arch::llama3_rope_factors(&model.config, &dims)
+            && let Some(factors) = arch::llama3_rope_factors(&hparams, &dims)
         {
             let info =
                 TensorInfo { name: "rope_freqs.weight".into(), ty: GgmlType::F32, shape: vec![factors.len() as u64] };
@@ -223,13 +227,13 @@ impl Job {
             ("general.type".to_string(), OwnedValue::string("model")),
         ];
         kvs.extend(meta::sampling_keys(&model.dir)?);
-        kvs.extend(meta::name_keys(&model.dir, total));
-        let ak = arch::arch_keys(arch, &model.config, &dims)?;
+        kvs.extend(meta::name_keys(&model.dir, &model.config, total)?);
+        let ak = arch::arch_keys(arch, &hparams, &dims)?;
         kvs.extend(ak.before_file_type);
         kvs.push(("general.file_type".into(), OwnedValue::U32(out.file_type())));
         kvs.extend(ak.after_file_type);
         kvs.push(("general.quantization_version".into(), OwnedValue::U32(2)));
-        kvs.extend(vocab::vocab_keys(&model.dir, &model.config, arch == Arch::Llama, pre)?);
+        kvs.extend(vocab::vocab_keys(&model.dir, &hparams, &model.config, arch == Arch::Llama, pre)?);
         Ok(Job { arch, out, kvs, tensors, fallbacks })
     }
 

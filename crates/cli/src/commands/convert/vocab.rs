@@ -4,10 +4,8 @@
 //! Llama-family checkpoints with a `tokenizer.model` get its SentencePiece vocabulary instead
 //! ([`spm`], `tokenizer.ggml.model = llama`), as llama.cpp's Llama converter prefers it.
 //!
-//! One difference: llama.cpp names the pre-tokenizer by hashing the token ids its tokenizer gives
-//! for a fixed text, which needs the Python tokenizer; onebit reads the pre-tokenizer the
-//! `tokenizer.json` declares (its split regex) and names the family it belongs to. `--pre`
-//! names it when the declaration is not one onebit knows.
+//! The pre-tokenizer is named as llama.cpp names it, by the hash of the ids a fixed text
+//! encodes to ([`pre`]); `--pre` names it when that hash is unknown.
 
 use std::path::Path;
 
@@ -16,11 +14,8 @@ use serde_json::{Map, Value};
 
 use super::ConvertError;
 use super::hf::read_json;
+use super::pre::{self, BpeVocab};
 use super::spm;
-
-const QWEN2_SPLIT: &str =
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// llama.cpp's token types.
 const NORMAL: i32 = 1;
@@ -42,8 +37,31 @@ fn id_key(kind: &str) -> String {
 }
 
 /// The keys, in the converter's order. `add_space_prefix` is read only for Llama (as llama.cpp).
+/// The vocabulary's size comes from the `hparams` (with Transformers' defaults), the special
+/// token ids from config.json as it is (`config`), as the converter reads each.
 pub fn vocab_keys(
     dir: &Path,
+    hparams: &Map<String, Value>,
+    config: &Map<String, Value>,
+    llama: bool,
+    pre_override: Option<&str>,
+) -> Result<Vec<(String, OwnedValue)>, ConvertError> {
+    let mut kv = tokenizer_keys(dir, hparams, config, llama, pre_override)?;
+    // The converter's Llama turns BOS off for every 49,152-token vocabulary (meant for Granite's
+    // small models; SmolLM's has that size too), overwriting the key in place if it is there.
+    if llama && hparams.get("vocab_size").and_then(|v| v.as_u64()).unwrap_or(32000) == 49152 {
+        let key = "tokenizer.ggml.add_bos_token";
+        match kv.iter_mut().find(|(k, _)| k == key) {
+            Some(slot) => slot.1 = OwnedValue::Bool(false),
+            None => kv.push((key.into(), OwnedValue::Bool(false))),
+        }
+    }
+    Ok(kv)
+}
+
+fn tokenizer_keys(
+    dir: &Path,
+    hparams: &Map<String, Value>,
     config: &Map<String, Value>,
     llama: bool,
     pre_override: Option<&str>,
@@ -71,7 +89,7 @@ pub fn vocab_keys(
         _ => None,
     };
     if spm {
-        return spm_keys(dir, &tok, tcfg, config, llama);
+        return spm_keys(dir, &tok, tcfg, hparams, config, llama);
     }
     let bad = |why: String| ConvertError::Tokenizer(tok_path.clone(), why);
     let model = tok.get("model").and_then(|m| m.as_object()).ok_or_else(|| bad("no \"model\" object".into()))?;
@@ -82,11 +100,12 @@ pub fn vocab_keys(
         return Err(bad("BPE with byte fallback (SentencePiece-style) is not supported by onebit convert yet".into()));
     }
     let mut kv = space_prefix(tcfg.as_ref(), llama);
+    let (tokens, types) = token_list(&tok, model, hparams).map_err(bad)?;
+    let merges = merges(model).map_err(bad)?;
     let pre = match pre_override {
         Some(p) => p.to_string(),
-        None => pre_name(&tok).ok_or_else(|| bad("its pre-tokenizer is not one onebit recognises; name it with --pre (e.g. qwen2, llama-bpe, smollm, gpt-2)".into()))?,
+        None => pre::name_by_hash(&tok_path, &tok, &BpeVocab { tokens: &tokens, types: &types, merges: &merges })?,
     };
-    let (tokens, types) = token_list(&tok, model, config).map_err(bad)?;
     kv.push(("tokenizer.ggml.model".into(), OwnedValue::string("gpt2")));
     kv.push(("tokenizer.ggml.pre".into(), OwnedValue::string(pre)));
     kv.push(("tokenizer.ggml.tokens".into(), OwnedValue::strings(&tokens)));
@@ -94,7 +113,6 @@ pub fn vocab_keys(
         "tokenizer.ggml.token_type".into(),
         OwnedValue::Array(ValueType::I32, types.into_iter().map(OwnedValue::I32).collect()),
     ));
-    let merges = merges(model).map_err(bad)?;
     if !merges.is_empty() {
         kv.push(("tokenizer.ggml.merges".into(), OwnedValue::strings(&merges)));
     }
@@ -108,11 +126,12 @@ fn spm_keys(
     dir: &Path,
     tok: &Map<String, Value>,
     mut tcfg: Option<Map<String, Value>>,
+    hparams: &Map<String, Value>,
     config: &Map<String, Value>,
     llama: bool,
 ) -> Result<Vec<(String, OwnedValue)>, ConvertError> {
     let mut kv = space_prefix(tcfg.as_ref(), llama);
-    let v = spm::load(dir, config, tcfg.as_ref())?;
+    let v = spm::load(dir, hparams, tcfg.as_ref())?;
     let n = v.tokens.len();
     kv.push(("tokenizer.ggml.model".into(), OwnedValue::string("llama")));
     kv.push(("tokenizer.ggml.pre".into(), OwnedValue::string("default")));
@@ -170,37 +189,6 @@ fn special_keys(
         }
     }
     Ok(())
-}
-
-/// The pre-tokenizer family a `tokenizer.json` declares.
-fn pre_name(tok: &Map<String, Value>) -> Option<String> {
-    let pre = tok.get("pre_tokenizer")?;
-    let steps: Vec<&Value> = match pre.get("pretokenizers").and_then(|p| p.as_array()) {
-        Some(list) => list.iter().collect(),
-        None => vec![pre],
-    };
-    let kind = |v: &Value| v.get("type").and_then(|t| t.as_str()).unwrap_or_default().to_string();
-    let byte_level = |v: &Value, regex: bool| {
-        kind(v) == "ByteLevel" && v.get("use_regex").and_then(|b| b.as_bool()).unwrap_or(true) == regex
-    };
-    let name = match steps.as_slice() {
-        [split, bl] if kind(split) == "Split" && byte_level(bl, false) => {
-            match split.get("pattern").and_then(|p| p.get("Regex")).and_then(|r| r.as_str())? {
-                QWEN2_SPLIT => "qwen2",
-                LLAMA3_SPLIT => "llama-bpe",
-                _ => return None,
-            }
-        }
-        [digits, bl] if kind(digits) == "Digits" && byte_level(bl, true) => {
-            if digits.get("individual_digits").and_then(|b| b.as_bool()) != Some(true) {
-                return None;
-            }
-            "smollm"
-        }
-        [bl] if byte_level(bl, true) => "gpt-2",
-        _ => return None,
-    };
-    Some(name.to_string())
 }
 
 /// Tokens by id up to the config's vocabulary size (the converter pads with `[PADn]`), and
