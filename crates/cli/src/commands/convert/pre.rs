@@ -7,7 +7,9 @@
 //! distills) get different names. onebit does the same with its own tokenizer: the split regex
 //! the `tokenizer.json` declares picks which of its pre-tokenizer families to run (the hash then
 //! checks that the choice, the merges and the vocabulary give the Hugging Face ids), and the
-//! post-processor's special tokens are added around the ids as `tokenizer.encode` adds them.
+//! special tokens `tokenizer.encode` adds go around the ids: the post-processor's, or those of
+//! a tokenizer class that replaces it (Llama's: BOS unless `add_bos_token` is false, EOS if
+//! `add_eos_token`).
 
 use std::path::Path;
 
@@ -37,14 +39,19 @@ pub struct BpeVocab<'a> {
 }
 
 /// The name llama.cpp's converter gives this vocabulary's pre-tokenizer, or the error it gives.
-pub fn name_by_hash(path: &Path, tok: &Map<String, Value>, v: &BpeVocab) -> Result<String, ConvertError> {
+pub fn name_by_hash(
+    path: &Path,
+    tok: &Map<String, Value>,
+    tcfg: Option<&Map<String, Value>>,
+    v: &BpeVocab,
+) -> Result<String, ConvertError> {
     let bad = |why: String| ConvertError::Tokenizer(path.into(), why);
     let family = declared_family(tok).ok_or_else(|| {
         bad("its pre-tokenizer is not one onebit can run to identify the vocabulary; name it with \
              --pre NAME (llama.cpp's name, e.g. qwen2, llama-bpe, smollm, gpt-2)"
             .into())
     })?;
-    let ids = check_ids(tok, v, family).map_err(bad)?;
+    let ids = check_ids(tok, tcfg, v, family).map_err(bad)?;
     let hash = list_hash(&ids);
     known(&hash).map(str::to_string).ok_or_else(|| {
         bad(format!(
@@ -102,7 +109,12 @@ fn declared_family(tok: &Map<String, Value>) -> Option<&'static str> {
 
 /// The ids the Hugging Face tokenizer gives the check text: the text encoded with `family`'s
 /// pre-tokenizer, between the special tokens the post-processor adds to a single sequence.
-fn check_ids(tok: &Map<String, Value>, v: &BpeVocab, family: &str) -> Result<Vec<u32>, String> {
+fn check_ids(
+    tok: &Map<String, Value>,
+    tcfg: Option<&Map<String, Value>>,
+    v: &BpeVocab,
+    family: &str,
+) -> Result<Vec<u32>, String> {
     let mut w = GgufWriter::new();
     w.set("tokenizer.ggml.model", OwnedValue::string("gpt2"))
         .set("tokenizer.ggml.pre", OwnedValue::string(family))
@@ -119,15 +131,44 @@ fn check_ids(tok: &Map<String, Value>, v: &BpeVocab, family: &str) -> Result<Vec
     let tokenizer =
         Tokenizer::from_metadata(&file.metadata()).map_err(|e| format!("building the check tokenizer: {e}"))?;
     let body = tokenizer.encode(CHECK_TEXT, false, true).map_err(|e| format!("encoding the check text: {e}"))?;
-    let (before, after) = match tok.get("post_processor").filter(|p| !p.is_null()) {
-        Some(p) => added_specials(p)?,
-        None => (Vec::new(), Vec::new()),
+    let (before, after) = match (class_specials(tcfg, v)?, tok.get("post_processor").filter(|p| !p.is_null())) {
+        (Some(ids), _) => ids,
+        (None, Some(p)) => added_specials(p)?,
+        (None, None) => (Vec::new(), Vec::new()),
     };
     Ok([before, body, after].concat())
 }
 
+/// The special token ids added before and after the text.
+type Around = (Vec<u32>, Vec<u32>);
+
+/// Transformers' Llama tokenizer class (which `AutoTokenizer` loads for `LlamaTokenizer` and
+/// `LlamaTokenizerFast`) replaces the post-processor with its own: BOS first unless
+/// `add_bos_token` is false, EOS last if `add_eos_token` is true. `None` for other classes.
+fn class_specials(tcfg: Option<&Map<String, Value>>, v: &BpeVocab) -> Result<Option<Around>, String> {
+    let Some(cfg) = tcfg else { return Ok(None) };
+    let class = cfg.get("tokenizer_class").and_then(|c| c.as_str()).unwrap_or_default();
+    if !matches!(class, "LlamaTokenizer" | "LlamaTokenizerFast") {
+        return Ok(None);
+    }
+    let flag = |k: &str, default: bool| cfg.get(k).and_then(|b| b.as_bool()).unwrap_or(default);
+    let id = |kind: &str| -> Result<u32, String> {
+        let text = match cfg.get(&format!("{kind}_token")) {
+            Some(Value::String(t)) => Some(t.as_str()),
+            Some(Value::Object(o)) => o.get("content").and_then(|c| c.as_str()),
+            _ => None,
+        };
+        let text = text.ok_or_else(|| format!("{class} adds a {kind} token, but tokenizer_config.json names none"))?;
+        let pos = v.tokens.iter().position(|t| t == text);
+        pos.map(|i| i as u32).ok_or_else(|| format!("the {kind} token {text:?} is not in the vocabulary"))
+    };
+    let before = if flag("add_bos_token", true) { vec![id("bos")?] } else { Vec::new() };
+    let after = if flag("add_eos_token", false) { vec![id("eos")?] } else { Vec::new() };
+    Ok(Some((before, after)))
+}
+
 /// The ids a post-processor puts before and after a single sequence.
-fn added_specials(p: &Value) -> Result<(Vec<u32>, Vec<u32>), String> {
+fn added_specials(p: &Value) -> Result<Around, String> {
     let id_of = |v: Option<&Value>| -> Result<u32, String> {
         v.and_then(|v| v.as_u64()).and_then(|i| u32::try_from(i).ok()).ok_or_else(|| format!("bad post-processor {p}"))
     };
@@ -230,9 +271,37 @@ mod tests {
                 md.get_str_array("tokenizer.ggml.merges").unwrap().into_iter().map(String::from).collect();
             let tok = json!({"pre_tokenizer": pre, "post_processor": post});
             let v = BpeVocab { tokens: &tokens, types: &types, merges: &merges };
-            let got = name_by_hash(Path::new(file), tok.as_object().unwrap(), &v);
+            let got = name_by_hash(Path::new(file), tok.as_object().unwrap(), None, &v);
             assert_eq!(got.map_err(|e| e.to_string()).as_deref(), Ok(want), "{file}");
         }
+    }
+
+    /// DeepSeek-R1's Qwen distills: Qwen2's vocabulary with its own special tokens, and
+    /// Transformers' Llama tokenizer class, which adds BOS whatever `tokenizer.json` says.
+    #[test]
+    fn llama_tokenizer_class_adds_bos() {
+        use serde_json::json;
+        let Some(path) = onebit_testkit::shared_file("models/qwen3-q1_0.gguf") else { return };
+        let gguf = GgufFile::open(&path).unwrap();
+        let md = gguf.metadata();
+        let mut tokens: Vec<String> =
+            md.get_str_array("tokenizer.ggml.tokens").unwrap().into_iter().map(String::from).collect();
+        let bos = "<\u{ff5c}begin\u{2581}of\u{2581}sentence\u{ff5c}>";
+        tokens[151646] = bos.to_string();
+        let types = md.get_i32_array("tokenizer.ggml.token_type").unwrap();
+        let merges: Vec<String> =
+            md.get_str_array("tokenizer.ggml.merges").unwrap().into_iter().map(String::from).collect();
+        let tok = json!({
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": false},
+                {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}]},
+            "post_processor": {"type": "ByteLevel"}
+        });
+        let cfg = json!({"tokenizer_class": "LlamaTokenizerFast", "add_bos_token": true,
+                         "bos_token": {"content": bos, "special": true}});
+        let v = BpeVocab { tokens: &tokens, types: &types, merges: &merges };
+        let got = name_by_hash(Path::new("t"), tok.as_object().unwrap(), cfg.as_object(), &v);
+        assert_eq!(got.map_err(|e| e.to_string()).as_deref(), Ok("deepseek-r1-qwen"));
     }
 
     #[test]

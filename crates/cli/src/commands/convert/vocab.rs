@@ -104,7 +104,10 @@ fn tokenizer_keys(
     let merges = merges(model).map_err(bad)?;
     let pre = match pre_override {
         Some(p) => p.to_string(),
-        None => pre::name_by_hash(&tok_path, &tok, &BpeVocab { tokens: &tokens, types: &types, merges: &merges })?,
+        None => {
+            let v = BpeVocab { tokens: &tokens, types: &types, merges: &merges };
+            pre::name_by_hash(&tok_path, &tok, tcfg.as_ref(), &v)?
+        }
     };
     kv.push(("tokenizer.ggml.model".into(), OwnedValue::string("gpt2")));
     kv.push(("tokenizer.ggml.pre".into(), OwnedValue::string(pre)));
