@@ -62,8 +62,11 @@ fn raw_greedy_run_prints_llama_cpp_continuation() {
     assert!(out.stderr.is_empty(), "--json keeps stderr quiet: {}", text(&out.stderr));
 }
 
-/// Gemma 3 270M (sliding-window layers, GELU gates): the first three fixture prompts, whose
-/// greedy continuations have no near tie in 32 tokens, continue exactly as llama.cpp's.
+/// Gemma 3 270M (sliding-window layers, GELU gates): the fixture prompts continue exactly as
+/// llama.cpp's greedy tokens, up to the first end-of-generation token, where `run` stops (the
+/// reference's first token after prompt 4 is `<eos>`). Prompts 3 and 6 are left out: llama.cpp's
+/// own margin between its two best tokens falls under the fixtures' 0.1 std tie rule at their
+/// steps 7 and 3 (0.086 and 0.028 std), where either token is a correct answer.
 #[test]
 fn gemma3_raw_greedy_runs_reproduce_llama_cpp() {
     let (Some(model), Some(fx)) =
@@ -72,14 +75,23 @@ fn gemma3_raw_greedy_runs_reproduce_llama_cpp() {
         return;
     };
     let m = model.to_str().unwrap();
-    for p in &fx["prompts"].as_array().unwrap()[..3] {
+    let prompts = fx["prompts"].as_array().unwrap();
+    for p in [0, 1, 2, 4, 5].map(|i| &prompts[i]) {
         let prompt = p["text"].as_str().unwrap();
         let out = onebit(&["run", "-m", m, "--raw", "--temp", "0", "-n", "32", "--json", "-p", prompt], None, &[]);
         assert!(out.status.success(), "{}", text(&out.stderr));
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(v["prompt_tokens"].as_u64(), Some(p["tokens"].as_array().unwrap().len() as u64), "{prompt:?}");
-        assert_eq!(v["ids"], p["greedy"], "{prompt:?}");
-        assert_eq!(v["text"], p["greedy_text"], "{prompt:?}");
+        let greedy: Vec<u64> = p["greedy"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+        // Gemma's ends of generation: <eos> (1) and <end_of_turn> (106).
+        let until_eog: Vec<u64> = greedy.iter().copied().take_while(|&t| t != 1 && t != 106).collect();
+        let ids: Vec<u64> = v["ids"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+        assert_eq!(ids, until_eog, "{prompt:?}");
+        if until_eog.len() == greedy.len() {
+            assert_eq!(v["text"], p["greedy_text"], "{prompt:?}");
+        } else {
+            assert_eq!(v["finish_reason"], "stop", "{prompt:?}");
+        }
     }
 }
 

@@ -44,7 +44,7 @@ impl Stats {
         self.stable.push(err);
         let top = pos["top"].as_array().unwrap();
         let margin = (top[0][1].as_f64().unwrap() - top[1][1].as_f64().unwrap()) / pos["std"].as_f64().unwrap();
-        if margin > 0.1 {
+        if margin > onebit_testkit::TIE_MARGIN {
             self.top1_checked += 1;
             self.top1_agree += (argmax(ours) as u64 == pos["argmax"].as_u64().unwrap()) as usize;
         }

@@ -123,21 +123,36 @@ pub fn margin_over_std(x: &[f32]) -> f64 {
     (v[0] - v[1]) as f64 / std
 }
 
+/// The reference margin (best over second-best logit, in std) below which a position is a near
+/// tie whose top-1 is not checked (`../shared/fixtures/README.md`).
+pub const TIE_MARGIN: f64 = 0.1;
+
 /// A prompt's fixture comparison: per position the error of [`position_error`], and top-1
-/// agreement wherever the reference's margin exceeds 0.1 std (`../shared/fixtures/README.md`).
-#[derive(Default)]
+/// agreement wherever the reference's margin exceeds `tie_margin` ([`TIE_MARGIN`] unless a
+/// test says otherwise).
 pub struct PositionStats {
     pub errors: Vec<f64>,
     pub top1_checked: usize,
     pub top1_agree: usize,
+    pub tie_margin: f64,
+}
+
+impl Default for PositionStats {
+    fn default() -> Self {
+        PositionStats::with_tie_margin(TIE_MARGIN)
+    }
 }
 
 impl PositionStats {
+    pub fn with_tie_margin(tie_margin: f64) -> Self {
+        PositionStats { errors: Vec::new(), top1_checked: 0, top1_agree: 0, tie_margin }
+    }
+
     pub fn add(&mut self, ours: &[f32], pos: &serde_json::Value) {
         self.errors.push(position_error(ours, pos));
         let top = pos["top"].as_array().unwrap();
         let margin = (top[0][1].as_f64().unwrap() - top[1][1].as_f64().unwrap()) / pos["std"].as_f64().unwrap();
-        if margin > 0.1 {
+        if margin > self.tie_margin {
             self.top1_checked += 1;
             self.top1_agree += (argmax(ours) as u64 == pos["argmax"].as_u64().unwrap()) as usize;
         }

@@ -28,7 +28,8 @@ pub struct Args {
     /// Read the prompt from a file.
     #[arg(short = 'f', long, value_name = "FILE")]
     pub file: Option<PathBuf>,
-    /// Send the prompt as plain text, without the chat template.
+    /// Send the prompt as it is, without the chat template (special-token text such as
+    /// `<|im_start|>` still becomes special tokens, as in llama-completion).
     #[arg(long)]
     pub raw: bool,
     /// Print one JSON object (text, token ids, counts, timings) instead of streaming.
@@ -57,7 +58,9 @@ pub fn run(args: Args) -> Result<u8> {
     } else {
         prompt
     };
-    let ids = engine.tokenize(&text, templated)?;
+    // Special-token text becomes special tokens in a raw prompt too, as in llama-completion:
+    // a raw prompt is how a user writes their own template.
+    let ids = engine.tokenize(&text, true)?;
 
     let cancel = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&cancel);
