@@ -131,9 +131,10 @@ impl Packer {
         }
     }
 
-    /// Q4_0, Q4_1 or Q8_0 in groups of [`LEGACY_GROUP`] rows.
+    /// Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 in groups of [`LEGACY_GROUP`] rows.
     pub fn legacy(ty: GgmlType) -> Packer {
-        assert!(matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0), "no 16-row layout for {ty}");
+        use GgmlType::*;
+        assert!(matches!(ty, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0), "no 16-row layout for {ty}");
         Packer {
             ty,
             group_rows: LEGACY_GROUP,
@@ -149,6 +150,15 @@ impl Packer {
             GgmlType::Q1_0 => Some(Packer::q1_0()),
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => Some(Packer::legacy(ty)),
             _ => None,
+        }
+    }
+
+    /// The AVX-512 tier's packers: [`Packer::for_type`]'s, and Q5_0/Q5_1 in the 16-row layout
+    /// (its kernels add the fifth bits from mask registers; AVX2 has no byte masks for that).
+    pub fn for_type_avx512(ty: GgmlType) -> Option<Packer> {
+        match ty {
+            GgmlType::Q5_0 | GgmlType::Q5_1 => Some(Packer::legacy(ty)),
+            _ => Packer::for_type(ty),
         }
     }
 
@@ -227,21 +237,36 @@ pub fn pack_legacy(w: &MatRef, pool: &Pool) -> PackedMat {
 }
 
 /// Where a block's parts lie in the 16 rows of a packed block: the 16 scales at 0, then
-/// (offset of the 16 Q4_1 offsets, offset of the quant vectors).
+/// (offset of the 16 Q4_1/Q5_1 offsets, offset of the quant vectors).
 pub fn legacy_layout(ty: GgmlType) -> (Option<usize>, usize) {
     match ty {
         GgmlType::Q4_1 => (Some(32), 64),
+        GgmlType::Q5_0 => (None, 96),
+        GgmlType::Q5_1 => (Some(32), 128),
         _ => (None, 32),
+    }
+}
+
+/// Where the eight fifth-bit masks of a packed Q5_0/Q5_1 block lie (64 bytes).
+pub fn legacy_high_bits(ty: GgmlType) -> Option<usize> {
+    match ty {
+        GgmlType::Q5_0 => Some(32),
+        GgmlType::Q5_1 => Some(64),
+        _ => None,
     }
 }
 
 fn pack_legacy_group(w: &MatRef, g: usize, dst: &mut [u8]) {
     let block_bytes = w.ty.type_size() as usize;
     let (m_at, qs_at) = legacy_layout(w.ty);
-    // In a file block: the scale at 0, Q4_1's offset at 2, then the quants.
+    let qh_at = legacy_high_bits(w.ty);
+    // In a file block: the scale at 0, Q4_1's and Q5_1's offset at 2, Q5's fifth bits (a
+    // little-endian u32, bit j for weight j) after that, then the quants.
     let (q_src, qs_len, flip) = match w.ty {
         GgmlType::Q4_0 => (2, 16, 0),
         GgmlType::Q4_1 => (4, 16, 0),
+        GgmlType::Q5_0 => (6, 16, 0),
+        GgmlType::Q5_1 => (8, 16, 0),
         GgmlType::Q8_0 => (2, 32, 0x80),
         other => unreachable!("no 16-row layout for {other}"),
     };
@@ -258,6 +283,13 @@ fn pack_legacy_group(w: &MatRef, g: usize, dst: &mut [u8]) {
             }
             for (i, &q) in src[q_src..q_src + qs_len].iter().enumerate() {
                 out[qs_at + 64 * (i / 4) + 4 * n + i % 4] = q ^ flip;
+            }
+            if let Some(qh_at) = qh_at {
+                let qh = u32::from_le_bytes(src[q_src - 4..q_src].try_into().unwrap());
+                for j in (0..32).filter(|j| qh >> j & 1 == 1) {
+                    let bit = 4 * n + j % 4;
+                    out[qh_at + 8 * (j / 4) + bit / 8] |= 1 << (bit % 8);
+                }
             }
         }
     }

@@ -1,11 +1,13 @@
-//! Packed Q4_0, Q4_1 and Q8_0 (16-row groups, see [`crate::pack`]) × 8-bit activations.
+//! Packed Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (16-row groups, see [`crate::pack`]) × 8-bit
+//! activations.
 //!
 //! The 16 rows of a group sit in the 16 lanes of a vector, four quants per lane, so one
 //! `vpdpbusd` multiplies four consecutive weights of 16 rows by the same four activations
 //! (broadcast): 64 products, no horizontal sums, and one f32 vector of 16 results per token
 //! at the end. The quants are the unsigned operand (Q4 nibbles as they are, Q8_0 plus 128),
 //! so the offsets are taken out afterwards, in integers, with the activations' block sums:
-//! Σ(q−8)a = Σqa − 8Σa, Σ(w+128)a − 128Σa = Σwa. That leaves each row's exact integer sum per
+//! Σ(q−8)a = Σqa − 8Σa, Σ(w+128)a − 128Σa = Σwa. Q5's fifth bits join the nibbles as 16 by a
+//! masked byte add (Q5_0's offset is then 16). That leaves each row's exact integer sum per
 //! block, scaled as the AMX tiles scale theirs (`p = C·d_a`, `acc = fma(p, d_w, acc)`, then
 //! `acc = fma(s_a, m_w, acc)` for Q4_1), so the two paths give the same bits. A block's weights
 //! are unpacked once and used for up to four tokens.
@@ -17,7 +19,7 @@ use onebit_gguf::GgmlType;
 
 use crate::act::Acts;
 use crate::matmul::{MatRef, OutPtr};
-use crate::pack::{LEGACY_GROUP, legacy_layout};
+use crate::pack::{LEGACY_GROUP, legacy_high_bits, legacy_layout};
 use crate::x86::Planar;
 
 /// Tokens that share one unpacking of a block.
@@ -33,16 +35,21 @@ pub(super) fn rows(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
             GgmlType::Q8_0 => rows_of::<Q8_0>(w, rows, acts, out),
             GgmlType::Q4_0 => rows_of::<Q4_0>(w, rows, acts, out),
             GgmlType::Q4_1 => rows_of::<Q4_1>(w, rows, acts, out),
+            GgmlType::Q5_0 => rows_of::<Q5_0>(w, rows, acts, out),
+            GgmlType::Q5_1 => rows_of::<Q5_1>(w, rows, acts, out),
             other => unreachable!("no 16-row layout for {other}"),
         }
     }
 }
 
-/// The three packed types: 0 Q8_0 (quants + 128), 1 Q4_0 (nibbles, offset 8), 2 Q4_1 (nibbles,
-/// and an offset m per row and block).
+/// The packed types: 0 Q8_0 (quants + 128), 1 Q4_0 (nibbles, offset 8), 2 Q4_1 (nibbles, and an
+/// offset m per row and block), 3 Q5_0 (nibbles and fifth bits, offset 16), 4 Q5_1 (nibbles and
+/// fifth bits, and m).
 const Q8_0: u8 = 0;
 const Q4_0: u8 = 1;
 const Q4_1: u8 = 2;
+const Q5_0: u8 = 3;
+const Q5_1: u8 = 4;
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
 unsafe fn rows_of<const TY: u8>(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
@@ -93,17 +100,22 @@ unsafe fn group<const T: usize, const TY: u8>(data: &[u8], nb: usize, a: &Tokens
     let ty = match TY {
         Q8_0 => GgmlType::Q8_0,
         Q4_0 => GgmlType::Q4_0,
-        _ => GgmlType::Q4_1,
+        Q4_1 => GgmlType::Q4_1,
+        Q5_0 => GgmlType::Q5_0,
+        _ => GgmlType::Q5_1,
     };
     let block = LEGACY_GROUP * ty.type_size() as usize;
     assert!(data.len() >= nb * block);
     let (m_at, qs_at) = legacy_layout(ty);
+    let qh_at = legacy_high_bits(ty);
     let offset = match TY {
         Q8_0 => 128,
         Q4_0 => 8,
+        Q5_0 => 16,
         _ => 0,
     };
     let nib = _mm512_set1_epi8(0x0f);
+    let sixteen = _mm512_set1_epi8(0x10);
     let mut acc = [_mm512_setzero_ps(); TOKENS];
     for b in 0..nb {
         // SAFETY: block `b` lies inside `data` (asserted above); every token's planar row holds
@@ -121,7 +133,7 @@ unsafe fn group<const T: usize, const TY: u8>(data: &[u8], nb: usize, a: &Tokens
             let mw = m_at.map(|at| _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(at) as *const __m256i)));
             let q = blk.add(qs_at) as *const __m512i;
             // Eight vectors of quants, lane n holding values 4c..4c+4 of row n.
-            let w: [__m512i; 8] = if TY == Q8_0 {
+            let mut w: [__m512i; 8] = if TY == Q8_0 {
                 std::array::from_fn(|c| _mm512_loadu_si512(q.add(c)))
             } else {
                 let v: [__m512i; 4] = std::array::from_fn(|p| _mm512_loadu_si512(q.add(p)));
@@ -133,6 +145,12 @@ unsafe fn group<const T: usize, const TY: u8>(data: &[u8], nb: usize, a: &Tokens
                     }
                 })
             };
+            if let Some(at) = qh_at {
+                let masks = blk.add(at) as *const u64;
+                for (c, wc) in w.iter_mut().enumerate() {
+                    *wc = _mm512_mask_add_epi8(*wc, std::ptr::read_unaligned(masks.add(c)), *wc, sixteen);
+                }
+            }
             for t in 0..T {
                 let row = a.base.add(t * a.stride);
                 let f32_at = |at: usize| std::ptr::read_unaligned(row.add(at + 4 * b) as *const f32);

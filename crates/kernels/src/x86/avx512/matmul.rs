@@ -23,8 +23,8 @@ pub(super) fn kernel(ty: GgmlType) -> Option<RowKernel> {
         Q8_0 => |w, r, a, o| legacy_rows(w, r, a, o, r16::rows::<r16::Q8_0>),
         Q4_0 => |w, r, a, o| legacy_rows(w, r, a, o, r16::rows::<r16::Q4_0>),
         Q4_1 => |w, r, a, o| legacy_rows(w, r, a, o, r16::rows::<r16::Q4_1>),
-        Q5_0 => r16::rows::<r16::Q5_0>,
-        Q5_1 => r16::rows::<r16::Q5_1>,
+        Q5_0 => |w, r, a, o| legacy_rows(w, r, a, o, r16::rows::<r16::Q5_0>),
+        Q5_1 => |w, r, a, o| legacy_rows(w, r, a, o, r16::rows::<r16::Q5_1>),
         TQ2_0 => r16::rows::<r16::TQ2_0>,
         TQ1_0 => r16::rows::<r16::TQ1_0>,
         F32 => |w, r, a, o| byte_rows(w, r, a, o, dot_f32w),
@@ -38,7 +38,8 @@ pub(super) fn kernel(ty: GgmlType) -> Option<RowKernel> {
 
 pub(super) type ByteDot = unsafe fn(&[u8], &[u8], usize) -> f32;
 
-/// Q4_0/Q4_1/Q8_0: sixteen rows at a time from the packed layout, else from the rows as they are.
+/// Q4_0/Q4_1/Q5_0/Q5_1/Q8_0: sixteen rows at a time from the packed layout, else from the rows
+/// as they are.
 fn legacy_rows(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr, plain: TiledFn) {
     match w.packed {
         Some(_) => super::legacy16::rows(w, rows, acts, out),
