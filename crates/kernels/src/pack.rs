@@ -144,20 +144,21 @@ impl Packer {
         }
     }
 
-    /// The packer of the types both x86 SIMD tiers repack: Q1_0 and Q4_0/Q4_1/Q8_0.
+    /// The packer of the types both x86 SIMD tiers repack: Q1_0 and Q4_0/Q4_1/Q5_0/Q5_1/Q8_0.
     pub fn for_type(ty: GgmlType) -> Option<Packer> {
+        use GgmlType::*;
         match ty {
-            GgmlType::Q1_0 => Some(Packer::q1_0()),
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => Some(Packer::legacy(ty)),
+            Q1_0 => Some(Packer::q1_0()),
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 => Some(Packer::legacy(ty)),
             _ => None,
         }
     }
 
-    /// The AVX-512 tier's packers: [`Packer::for_type`]'s, and Q5_0/Q5_1 in the 16-row layout
-    /// (its kernels add the fifth bits from mask registers; AVX2 has no byte masks for that).
-    pub fn for_type_avx512(ty: GgmlType) -> Option<Packer> {
+    /// The AMX tier's packers: [`Packer::for_type`]'s but Q5_0/Q5_1, which its tiles read from
+    /// the rows as they are.
+    pub fn for_type_amx(ty: GgmlType) -> Option<Packer> {
         match ty {
-            GgmlType::Q5_0 | GgmlType::Q5_1 => Some(Packer::legacy(ty)),
+            GgmlType::Q5_0 | GgmlType::Q5_1 => None,
             _ => Packer::for_type(ty),
         }
     }

@@ -1,4 +1,4 @@
-//! AVX2 product of the packed Q4_0/Q4_1/Q8_0 layout ([`crate::pack::pack_legacy`]): 16 rows
+//! AVX2 product of the packed Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 layout ([`crate::pack::pack_legacy`]): 16 rows
 //! per group, rows 0-7 and 8-15 in the eight lanes of the two 32-byte halves of each packed
 //! vector. A block's weights are unpacked once for a tile of up to four tokens, which is what
 //! makes several tokens cheaper than that many single ones.
@@ -7,7 +7,9 @@
 //! and the float steps per row (scale, offset, accumulate over blocks in order) do not depend
 //! on the tile. 8-bit products use AVX-VNNI where the CPU has it, else `vpmaddubsw`; for the
 //! 4-bit types its 16-bit pair sums of a whole block stay below 8 · 2 · 15 · 127 = 30480, so
-//! they are added as 16-bit values and widened once per block.
+//! they are added as 16-bit values and widened once per block (the 5-bit types' twice per
+//! block: 4 · 2 · 31 · 127 = 31496). Q5's fifth bits come from the packed mask plane, spread to
+//! one byte each by a shuffle and a compare.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -16,7 +18,7 @@ use onebit_gguf::GgmlType;
 
 use crate::act::Acts;
 use crate::matmul::OutPtr;
-use crate::pack::{LEGACY_GROUP, PackedMat, legacy_layout};
+use crate::pack::{LEGACY_GROUP, PackedMat, legacy_high_bits, legacy_layout};
 use crate::x86::{PlanarRow, planar_row};
 
 /// Tokens whose products share one unpacking of the weights.
@@ -25,6 +27,9 @@ const TILE: usize = 4;
 const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
 const Q8_0: u8 = 2;
+const Q5_0: u8 = 3;
+const Q5_1: u8 = 4;
+const KIND_TYPES: [GgmlType; 5] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q5_1];
 
 /// Results of one group for a tile of tokens: `[token][row]`.
 type TileOut = [[f32; LEGACY_GROUP]; TILE];
@@ -74,7 +79,9 @@ unsafe fn tile_product(
         GgmlType::Q4_0 => Q4_0,
         GgmlType::Q4_1 => Q4_1,
         GgmlType::Q8_0 => Q8_0,
-        _ => unreachable!("only Q4_0, Q4_1 and Q8_0 are packed this way"),
+        GgmlType::Q5_0 => Q5_0,
+        GgmlType::Q5_1 => Q5_1,
+        _ => unreachable!("only Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 are packed this way"),
     };
     macro_rules! tiles {
         ($vnni:literal, $kind:expr) => {
@@ -91,9 +98,13 @@ unsafe fn tile_product(
         match (vnni, kind) {
             (true, Q4_0) => tiles!(true, Q4_0),
             (true, Q4_1) => tiles!(true, Q4_1),
+            (true, Q5_0) => tiles!(true, Q5_0),
+            (true, Q5_1) => tiles!(true, Q5_1),
             (true, _) => tiles!(true, Q8_0),
             (false, Q4_0) => tiles!(false, Q4_0),
             (false, Q4_1) => tiles!(false, Q4_1),
+            (false, Q5_0) => tiles!(false, Q5_0),
+            (false, Q5_1) => tiles!(false, Q5_1),
             (false, _) => tiles!(false, Q8_0),
         }
     }
@@ -136,10 +147,16 @@ unsafe fn dot4<const VNNI: bool>(acc: __m256i, u: __m256i, s: __m256i) -> __m256
 }
 
 /// Half `h` (rows 8h..8h+8) of block `blk`, unpacked: Q4 nibbles (low ones pair with
-/// activations 4c.., high ones with 16 + 4c..), or Q8_0's bytes as stored (VNNI: offset by
-/// 128) or signed (without VNNI).
+/// activations 4c.., high ones with 16 + 4c..), with Q5's fifth bits (from the masks at
+/// `qh_at`) added as 16, or Q8_0's bytes as stored (VNNI: offset by 128) or signed (without
+/// VNNI).
 #[inline(always)]
-unsafe fn unpack<const VNNI: bool, const KIND: u8>(blk: *const u8, qs_at: usize, h: usize) -> [__m256i; 8] {
+unsafe fn unpack<const VNNI: bool, const KIND: u8>(
+    blk: *const u8,
+    qs_at: usize,
+    qh_at: Option<usize>,
+    h: usize,
+) -> [__m256i; 8] {
     // SAFETY: the caller's contract: the block holds 8 vectors of 64 bytes at `qs_at`.
     unsafe {
         let vec = |c: usize| _mm256_loadu_si256(blk.add(qs_at + 64 * c + 32 * h) as *const __m256i);
@@ -153,6 +170,21 @@ unsafe fn unpack<const VNNI: bool, const KIND: u8>(blk: *const u8, qs_at: usize,
                 let v = vec(c);
                 w[c] = _mm256_and_si256(v, nib);
                 w[c + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+            }
+            if let Some(at) = qh_at {
+                // Byte 4n + k of the half's vector c is weight 4c + k of row 8h + n: bit
+                // 32h + 4n + k of mask c.
+                let spread = _mm256_setr_epi8(
+                    0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+                );
+                let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+                let sixteen = _mm256_set1_epi8(0x10);
+                for (c, wc) in w.iter_mut().enumerate() {
+                    let bits = std::ptr::read_unaligned(blk.add(at + 8 * c + 4 * h) as *const i32);
+                    let set = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(bits), spread), bit);
+                    let high = _mm256_and_si256(_mm256_cmpeq_epi8(set, bit), sixteen);
+                    *wc = _mm256_or_si256(*wc, high);
+                }
             }
             w
         }
@@ -172,6 +204,14 @@ unsafe fn block_sum<const VNNI: bool, const KIND: u8>(w: &[__m256i; 8], qs: *con
             (0..8).fold(_mm256_setzero_si256(), |s, c| {
                 dot4::<false>(s, _mm256_abs_epi8(w[c]), _mm256_sign_epi8(act(c), w[c]))
             })
+        } else if KIND == Q5_0 || KIND == Q5_1 {
+            // Two 16-bit sums of four products each (see the module's note on their range).
+            let half = |c0: usize| {
+                let s16 = (c0..c0 + 4)
+                    .fold(_mm256_setzero_si256(), |s, c| _mm256_add_epi16(s, _mm256_maddubs_epi16(w[c], act(c))));
+                _mm256_madd_epi16(s16, _mm256_set1_epi16(1))
+            };
+            _mm256_add_epi32(half(0), half(4))
         } else {
             let s16 =
                 (0..8).fold(_mm256_setzero_si256(), |s, c| _mm256_add_epi16(s, _mm256_maddubs_epi16(w[c], act(c))));
@@ -188,16 +228,18 @@ unsafe fn body<const VNNI: bool, const KIND: u8, const T: usize>(
     nb: usize,
     a: &[PlanarRow; TILE],
 ) -> TileOut {
-    let ty = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0][KIND as usize];
+    let ty = KIND_TYPES[KIND as usize];
     let block = LEGACY_GROUP * ty.type_size() as usize;
     assert!(data.len() >= nb * block);
     assert!(a[..T].iter().all(|a| a.qs.len() >= 32 * nb && a.scales.len() >= nb && a.sums.len() >= nb));
     let (m_at, qs_at) = legacy_layout(ty);
+    let qh_at = legacy_high_bits(ty);
     // What the products of offset weights add: VNNI's Q8_0 weights are stored + 128, Q4_0's
-    // nibbles are the weights + 8.
+    // nibbles are the weights + 8, Q5_0's codes the weights + 16.
     let offset = match KIND {
         Q8_0 if VNNI => 128.0,
         Q4_0 => 8.0,
+        Q5_0 => 16.0,
         _ => 0.0,
     };
     let mut res = [[0f32; LEGACY_GROUP]; TILE];
@@ -209,7 +251,7 @@ unsafe fn body<const VNNI: bool, const KIND: u8, const T: usize>(
             let mut acc = [_mm256_setzero_ps(); T];
             for b in 0..nb {
                 let blk = data.as_ptr().add(b * block);
-                let w = unpack::<VNNI, KIND>(blk, qs_at, h);
+                let w = unpack::<VNNI, KIND>(blk, qs_at, qh_at, h);
                 let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i));
                 let mw = match m_at {
                     Some(at) => _mm256_cvtph_ps(_mm_loadu_si128(blk.add(at + 16 * h) as *const __m128i)),
@@ -220,7 +262,7 @@ unsafe fn body<const VNNI: bool, const KIND: u8, const T: usize>(
                     let (da, sa) = (*a.scales.get_unchecked(b), *a.sums.get_unchecked(b));
                     let v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(da), _mm256_set1_ps(offset * sa));
                     *acc = _mm256_fmadd_ps(v, dw, *acc);
-                    if KIND == Q4_1 {
+                    if KIND == Q4_1 || KIND == Q5_1 {
                         *acc = _mm256_fmadd_ps(mw, _mm256_set1_ps(sa), *acc);
                     }
                 }
@@ -252,7 +294,7 @@ mod tests {
         let (rows, cols, tokens) = (19, 96, 4);
         let pool = Pool::new(1);
         let x: Vec<f32> = (0..cols * tokens).map(|i| ((i * 7919 % 211) as f32 - 105.0) / 13.0).collect();
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        for ty in KIND_TYPES {
             let rb = ty.bytes_for(cols as u64).unwrap() as usize;
             let mut data = vec![0u8; rows * rb];
             for r in 0..rows {

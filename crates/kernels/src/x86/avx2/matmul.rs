@@ -16,7 +16,9 @@ pub(super) fn kernel(ty: GgmlType) -> Option<RowKernel> {
     let scalar = crate::scalar::dot::dot_fn(ty)?;
     let f: TiledFn = match ty {
         GgmlType::Q1_0 => |w, r, a, o| packed_or(w, r, a, o, q1_0_packed),
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => |w, r, a, o| packed_or(w, r, a, o, super::legacy::packed),
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
+            |w, r, a, o| packed_or(w, r, a, o, super::legacy::packed)
+        }
         _ => return Some(RowKernel::Dot(scalar)),
     };
     Some(RowKernel::Tiled(f))

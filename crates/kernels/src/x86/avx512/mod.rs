@@ -28,7 +28,7 @@ pub(crate) const TABLE: Table = Table {
         let lut = w_tys.contains(&GgmlType::Q1_0) && !q1_gemm::serves(acts);
         super::prepare_planar(pool, acts, lut, 0)
     },
-    pack: crate::pack::Packer::for_type_avx512,
+    pack: crate::pack::Packer::for_type,
     rms_norm: ops::rms_norm,
     softmax: ops::softmax,
     silu_mul: ops::silu_mul,
