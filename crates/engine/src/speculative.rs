@@ -152,9 +152,19 @@ pub fn lookup(ctx: &[u32], ngram_min: usize, ngram_max: usize, max: usize) -> Ve
     Vec::new()
 }
 
-/// A sequence's chance that a drafted token is kept, learnt with exponential forgetting.
+/// A sequence's chance that a drafted token is kept, learnt with exponential forgetting, apart
+/// after a kept token and after a miss: guesses come in runs (a copied stretch is guessed right
+/// until the copy ends), so the token after a kept one is much likelier kept than the first
+/// one after a miss.
 #[derive(Clone, Copy, Debug)]
 pub struct Acceptance {
+    after_kept: Rate,
+    after_miss: Rate,
+    last_kept: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Rate {
     kept: f64,
     tried: f64,
 }
@@ -162,23 +172,48 @@ pub struct Acceptance {
 /// Weight kept per observation (about the last 30 observations count).
 const FORGET: f64 = 0.97;
 
-impl Default for Acceptance {
+impl Default for Rate {
     /// An optimistic start (a kept-rate of 1/2 worth four observations), so that drafting is
     /// tried and measured.
     fn default() -> Self {
-        Acceptance { kept: 2.0, tried: 4.0 }
+        Rate { kept: 2.0, tried: 4.0 }
+    }
+}
+
+impl Rate {
+    fn rate(&self) -> f64 {
+        self.kept / self.tried
+    }
+
+    fn observe(&mut self, kept: bool) {
+        self.kept = self.kept * FORGET + f64::from(u8::from(kept));
+        self.tried = self.tried * FORGET + 1.0;
+    }
+}
+
+impl Default for Acceptance {
+    fn default() -> Self {
+        Acceptance { after_kept: Rate::default(), after_miss: Rate::default(), last_kept: true }
     }
 }
 
 impl Acceptance {
+    /// The chance that the next drafted token is kept.
     pub fn rate(&self) -> f64 {
-        self.kept / self.tried
+        if self.last_kept { self.after_kept.rate() } else { self.after_miss.rate() }
+    }
+
+    /// The chance that a drafted token after a kept one is kept (the second and later tokens
+    /// of a draft).
+    pub fn rate_on(&self) -> f64 {
+        self.after_kept.rate()
     }
 
     /// One drafted (or predicted) token, kept or not.
     pub fn observe(&mut self, kept: bool) {
-        self.kept = self.kept * FORGET + f64::from(u8::from(kept));
-        self.tried = self.tried * FORGET + 1.0;
+        let r = if self.last_kept { &mut self.after_kept } else { &mut self.after_miss };
+        r.observe(kept);
+        self.last_kept = kept;
     }
 }
 
@@ -269,8 +304,9 @@ impl DraftCost {
 /// A sequence that may draft, as [`choose_drafts`] weighs it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DraftCandidate {
-    /// The chance that a drafted token is kept.
+    /// The chance that its first drafted token is kept, and each one after a kept one.
     pub rate: f64,
+    pub rate_on: f64,
     /// Drafted tokens it can offer, at most.
     pub len: usize,
     /// Seconds each drafted token costs before the step (a draft model's pass; 0 for a lookup).
@@ -284,14 +320,15 @@ pub struct DraftCandidate {
 impl DraftCandidate {
     /// A lookup's draft of `len` tokens: free to make.
     pub fn lookup(rate: f64, len: usize) -> DraftCandidate {
-        DraftCandidate { rate, len, extra: 0.0, entry: 0.0, by_model: false }
+        DraftCandidate { rate, rate_on: rate, len, extra: 0.0, entry: 0.0, by_model: false }
     }
 }
 
 /// How many drafted tokens each candidate sequence puts into a step.
 ///
 /// `base_tokens` are the step's tokens without drafts and `base_yield` the tokens it is expected
-/// to produce. Drafted tokens are added best first (a sequence's k-th token is worth `rate^k`)
+/// to produce. Drafted tokens are added best first (a sequence's k-th token is worth
+/// `rate · rate_on^(k-1)`, its chance of being kept)
 /// while each raises the step's expected tokens per second; a sequence's first tokens are
 /// weighed together with what it pays once to draft at all (the run of them that is worth most
 /// for its cost). Before any step was timed, a lookup drafts a little (which also times a
@@ -336,12 +373,13 @@ fn next_run(c: &DraftCandidate, taken: usize, per_token: f64) -> Option<(usize, 
         return None;
     }
     let price = per_token + c.extra;
+    let kept = |k: usize| c.rate * c.rate_on.powi(k as i32 - 1);
     if taken > 0 {
-        return Some((1, c.rate.powi(taken as i32 + 1), price));
+        return Some((1, kept(taken + 1), price));
     }
     let (mut best, mut worth) = (None::<(usize, f64, f64)>, 0.0);
     for k in 1..=c.len {
-        worth += c.rate.powi(k as i32);
+        worth += kept(k);
         let run = (k, worth, c.entry + price * k as f64);
         if best.is_none_or(|b| run.1 / run.2 > b.1 / b.2) {
             best = Some(run);
@@ -390,7 +428,7 @@ mod tests {
             c.observe(n, 0.010 + 0.001 * n as f64);
         }
         // A good drafter drafts its whole draft, a hopeless one nothing.
-        let model = |rate, extra, entry| DraftCandidate { rate, len: 8, extra, entry, by_model: true };
+        let model = |rate, extra, entry| DraftCandidate { rate, rate_on: rate, len: 8, extra, entry, by_model: true };
         assert_eq!(choose_drafts(&c, 1, 1.0, &[DraftCandidate::lookup(0.9, 8)]), vec![8]);
         assert_eq!(choose_drafts(&c, 1, 1.0, &[DraftCandidate::lookup(0.05, 8)]), vec![0]);
         // A sure draft that costs as much as a step to make does not pay.
@@ -430,7 +468,7 @@ mod tests {
         let (extra, _) = DraftCost::new(100, 100).price((0.010, 0.001), 1);
         let mut c = StepCost::default();
         (0..100).for_each(|i| c.observe(1 + i % 5, 0.010 + 0.001 * (1 + i % 5) as f64));
-        let sure = DraftCandidate { rate: 1.0, len: 16, extra, entry: 0.0, by_model: true };
+        let sure = DraftCandidate { rate: 1.0, rate_on: 1.0, len: 16, extra, entry: 0.0, by_model: true };
         assert_eq!(choose_drafts(&c, 1, 1.0, &[sure]), vec![0]);
     }
 
@@ -442,5 +480,12 @@ mod tests {
         assert!(a.rate() > 0.9);
         (0..100).for_each(|_| a.observe(false));
         assert!(a.rate() < 0.1);
+        // Runs of ten kept, then of ten missed: after a kept token the next is likely kept,
+        // after a miss not.
+        let mut a = Acceptance::default();
+        (0..300).for_each(|i| a.observe(i % 20 < 10));
+        assert!(a.rate() < 0.2 && a.rate_on() > 0.8, "{} {}", a.rate(), a.rate_on());
+        a.observe(true);
+        assert!(a.rate() > 0.8);
     }
 }

@@ -78,14 +78,15 @@ pub(super) fn add_drafts(mut plan: Plan, running: &mut [Sequence], parts: Parts<
         .iter()
         .map(|c| {
             let s = &running[plan[c.0].0];
-            let rate = s.acceptance.rate();
+            let lookup =
+                DraftCandidate { rate_on: s.acceptance.rate_on(), ..DraftCandidate::lookup(s.acceptance.rate(), c.2) };
             match (&c.1, &drafter, target) {
-                (Some(_), _, _) => DraftCandidate::lookup(rate, c.2),
+                (Some(_), _, _) => lookup,
                 (None, Some(d), Some(t)) => {
                     let (extra, entry) = d.cost.price(t, s.tokens.len() - s.draft_computed);
-                    DraftCandidate { rate, len: c.2, extra, entry, by_model: true }
+                    DraftCandidate { extra, entry, by_model: true, ..lookup }
                 }
-                (None, _, _) => DraftCandidate { rate, len: c.2, extra: 0.0, entry: 0.0, by_model: true },
+                (None, _, _) => DraftCandidate { by_model: true, ..lookup },
             }
         })
         .collect();
