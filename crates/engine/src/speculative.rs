@@ -301,6 +301,18 @@ impl DraftCost {
     }
 }
 
+/// Tokens ahead over which a draft model's catch-up is spread, at most.
+const CATCH_UP_HORIZON: usize = 64;
+
+/// The share of a catch-up costing `entry` seconds that one drafting step carries, for a
+/// sequence with `left` tokens still to generate: the catch-up serves the steps after it too
+/// (its cache stays in step while it drafts), taken as one step per two tokens, over the
+/// tokens left but at most [`CATCH_UP_HORIZON`]. A draft that turns out always wrong thus
+/// costs its catch-up once, which a short answer may notice and a long one not.
+pub fn amortized(entry: f64, left: usize) -> f64 {
+    entry / (left.min(CATCH_UP_HORIZON) as f64 / 2.0).max(1.0)
+}
+
 /// A sequence that may draft, as [`choose_drafts`] weighs it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DraftCandidate {
@@ -311,7 +323,8 @@ pub struct DraftCandidate {
     pub len: usize,
     /// Seconds each drafted token costs before the step (a draft model's pass; 0 for a lookup).
     pub extra: f64,
-    /// Seconds paid once if it drafts at all (a draft model catching up on the context).
+    /// Seconds paid if it drafts at all (a draft model catching up on the context; its share
+    /// for this step, see [`amortized`]).
     pub entry: f64,
     /// Drafted by a model (which waits until a step was timed).
     pub by_model: bool,
@@ -470,6 +483,10 @@ mod tests {
         (0..100).for_each(|i| c.observe(1 + i % 5, 0.010 + 0.001 * (1 + i % 5) as f64));
         let sure = DraftCandidate { rate: 1.0, rate_on: 1.0, len: 16, extra, entry: 0.0, by_model: true };
         assert_eq!(choose_drafts(&c, 1, 1.0, &[sure]), vec![0]);
+        // A catch-up is spread over the steps ahead, at most 32 of them.
+        assert_eq!(amortized(3.2, 1000), 0.1);
+        assert_eq!(amortized(3.2, 16), 0.4);
+        assert_eq!(amortized(3.2, 1), 3.2);
     }
 
     #[test]

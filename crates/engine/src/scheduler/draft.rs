@@ -13,7 +13,7 @@ use onebit_model::{BLOCK_TOKENS, KvPool, LogitsWanted, Model, Scratch, SeqInput}
 use super::sequence::Sequence;
 use super::worker::Plan;
 use crate::blocks::BlockManager;
-use crate::speculative::{DraftCandidate, DraftCost, SpecMode, StepCost, choose_drafts, lookup};
+use crate::speculative::{DraftCandidate, DraftCost, SpecMode, StepCost, amortized, choose_drafts, lookup};
 use crate::{Engine, EngineError};
 
 /// A sequence drafting with a model that chose to draft nothing tries one token after this many
@@ -74,9 +74,12 @@ pub(super) fn add_drafts(mut plan: Plan, running: &mut [Sequence], parts: Parts<
     let base_tokens: usize = plan.iter().map(|e| e.1).sum();
     let base_yield = plan.iter().filter(|&&(i, n)| running[i].n_computed + n == running[i].tokens.len()).count();
     let target = cost.model();
+    // (extra per guess, catch-up) of the sequences drafting with a model.
+    let mut catch_up = vec![0.0; cands.len()];
     let priced: Vec<DraftCandidate> = cands
         .iter()
-        .map(|c| {
+        .zip(&mut catch_up)
+        .map(|(c, up)| {
             let s = &running[plan[c.0].0];
             let lookup =
                 DraftCandidate { rate_on: s.acceptance.rate_on(), ..DraftCandidate::lookup(s.acceptance.rate(), c.2) };
@@ -84,7 +87,8 @@ pub(super) fn add_drafts(mut plan: Plan, running: &mut [Sequence], parts: Parts<
                 (Some(_), _, _) => lookup,
                 (None, Some(d), Some(t)) => {
                     let (extra, entry) = d.cost.price(t, s.tokens.len() - s.draft_computed);
-                    DraftCandidate { extra, entry, by_model: true, ..lookup }
+                    *up = entry;
+                    DraftCandidate { extra, entry: amortized(entry, s.budget_left(ctx)), by_model: true, ..lookup }
                 }
                 (None, _, _) => DraftCandidate { by_model: true, ..lookup },
             }
@@ -94,7 +98,7 @@ pub(super) fn add_drafts(mut plan: Plan, running: &mut [Sequence], parts: Parts<
     // Within the budget and the blocks, before any drafting work.
     let mut room = room.saturating_sub(base_tokens);
     let mut spare = blocks.available().saturating_sub(running.len());
-    for ((t, c), price) in take.iter_mut().zip(&cands).zip(&priced) {
+    for (((t, c), price), catch_up) in take.iter_mut().zip(&cands).zip(&priced).zip(catch_up) {
         let s = &mut running[plan[c.0].0];
         if !s.spec.adaptive {
             *t = c.2;
@@ -104,7 +108,7 @@ pub(super) fn add_drafts(mut plan: Plan, running: &mut [Sequence], parts: Parts<
             // A probe: its catch-up, its guess and its place in the step, against the time
             // since the sequence last drafted.
             let cheap = target.is_some_and(|(fixed, per)| {
-                price.entry + price.extra + per <= PROBE_SHARE * s.undrafted_steps as f64 * (fixed + per)
+                catch_up + price.extra + per <= PROBE_SHARE * s.undrafted_steps as f64 * (fixed + per)
             });
             if s.undrafted_steps >= s.probe_every && cheap {
                 *t = 1;
