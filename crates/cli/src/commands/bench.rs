@@ -58,12 +58,12 @@ pub struct Args {
     #[command(flatten)]
     pub lora: super::model_args::LoraArgs,
     /// With --spec: the prompt the tg tests decode after, sent as a user message through the
-    /// chat template where the model has one [default: a request to copy chapter 1 of
-    /// Moby-Dick, ~1,000 tokens].
+    /// chat template where the model has one [default: a request to copy the first ~1,000
+    /// tokens of Moby-Dick's chapter 1].
     #[arg(short = 'f', long = "file", value_name = "FILE")]
     pub file: Option<PathBuf>,
-    /// With --spec lookup or draft, each tg test is measured without speculation and with it,
-    /// greedily after the prompt of -f, and reports how many drafted tokens were kept.
+    // With --spec lookup or draft, each tg test is measured without speculation and with it,
+    // greedily after the prompt of -f, and reports how many drafted tokens were kept.
     #[command(flatten)]
     pub spec: super::model_args::SpecArgs,
 }
