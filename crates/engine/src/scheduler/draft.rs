@@ -46,8 +46,7 @@ pub(super) fn add_drafts(mut plan: Plan, running: &mut [Sequence], parts: Parts<
     if !running.iter().any(|s| s.spec.is_on()) {
         return Ok(plan);
     }
-    // (plan index, the lookup's draft or none for a draft model, longest draft)
-    let mut cands: Vec<(usize, Option<Vec<u32>>, usize)> = Vec::new();
+    let mut cands: Vec<Cand> = Vec::new();
     for (p, &(i, n)) in plan.iter().enumerate() {
         let s = &mut running[i];
         s.predicted = None;
@@ -74,26 +73,7 @@ pub(super) fn add_drafts(mut plan: Plan, running: &mut [Sequence], parts: Parts<
     let base_tokens: usize = plan.iter().map(|e| e.1).sum();
     let base_yield = plan.iter().filter(|&&(i, n)| running[i].n_computed + n == running[i].tokens.len()).count();
     let target = cost.model();
-    // (extra per guess, catch-up) of the sequences drafting with a model.
-    let mut catch_up = vec![0.0; cands.len()];
-    let priced: Vec<DraftCandidate> = cands
-        .iter()
-        .zip(&mut catch_up)
-        .map(|(c, up)| {
-            let s = &running[plan[c.0].0];
-            let lookup =
-                DraftCandidate { rate_on: s.acceptance.rate_on(), ..DraftCandidate::lookup(s.acceptance.rate(), c.2) };
-            match (&c.1, &drafter, target) {
-                (Some(_), _, _) => lookup,
-                (None, Some(d), Some(t)) => {
-                    let (extra, entry) = d.cost.price(t, s.tokens.len() - s.draft_computed);
-                    *up = entry;
-                    DraftCandidate { extra, entry: amortized(entry, s.budget_left(ctx)), by_model: true, ..lookup }
-                }
-                (None, _, _) => DraftCandidate { by_model: true, ..lookup },
-            }
-        })
-        .collect();
+    let (priced, catch_up) = price(&cands, running, &plan, drafter.as_deref(), target, ctx);
     let mut take = choose_drafts(cost, base_tokens, base_yield as f64, &priced);
     // Within the budget and the blocks, before any drafting work.
     let mut room = room.saturating_sub(base_tokens);
@@ -167,6 +147,39 @@ pub(super) fn add_drafts(mut plan: Plan, running: &mut [Sequence], parts: Parts<
         s.tokens.extend(draft);
     }
     Ok(plan)
+}
+
+/// A drafting candidate: (its place in the plan, the lookup's draft or none for a draft model,
+/// its longest draft).
+type Cand = (usize, Option<Vec<u32>>, usize);
+
+/// How [`choose_drafts`] sees each candidate, and the seconds a draft model's catch-up costs it
+/// whole (for its probes); `target` is the target's fitted step cost.
+fn price(
+    cands: &[Cand],
+    running: &[Sequence],
+    plan: &Plan,
+    drafter: Option<&Drafter>,
+    target: Option<(f64, f64)>,
+    ctx: usize,
+) -> (Vec<DraftCandidate>, Vec<f64>) {
+    cands
+        .iter()
+        .map(|c| {
+            let s = &running[plan[c.0].0];
+            let free =
+                DraftCandidate { rate_on: s.acceptance.rate_on(), ..DraftCandidate::lookup(s.acceptance.rate(), c.2) };
+            match (&c.1, drafter, target) {
+                (Some(_), _, _) => (free, 0.0),
+                (None, Some(d), Some(t)) => {
+                    let (extra, entry) = d.cost.price(t, s.tokens.len() - s.draft_computed);
+                    let amortized = amortized(entry, s.budget_left(ctx));
+                    (DraftCandidate { extra, entry: amortized, by_model: true, ..free }, entry)
+                }
+                (None, _, _) => (DraftCandidate { by_model: true, ..free }, 0.0),
+            }
+        })
+        .unzip()
 }
 
 pub(super) struct Drafter {
