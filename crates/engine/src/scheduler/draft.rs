@@ -20,7 +20,8 @@ use crate::{Engine, EngineError};
 /// steps, so that its acceptance estimate can recover; each probe that does not bring drafting
 /// back doubles the wait, up to the longest. A probe first brings the draft cache up to date
 /// with the tokens since, which costs a share of their time as large as the draft model's
-/// share of the target: it is made only where that is at most [`PROBE_SHARE`].
+/// share of the target: it is made only where that is at most [`PROBE_SHARE`] of the time since
+/// the sequence's last draft or probe.
 pub(super) const PROBE_FIRST: usize = 8;
 const PROBE_MAX: usize = 64;
 const PROBE_SHARE: f64 = 0.02;
@@ -86,15 +87,18 @@ pub(super) fn add_drafts(mut plan: Plan, running: &mut [Sequence], parts: Parts<
         if c.1.is_none() && *t == 0 {
             s.undrafted_steps += 1;
             // A probe: its catch-up, its guess and its place in the step, against the time
-            // since the sequence last drafted.
+            // since its last draft or probe.
             let cheap = target.is_some_and(|(fixed, per)| {
                 catch_up + price.extra + per <= PROBE_SHARE * s.undrafted_steps as f64 * (fixed + per)
             });
             if s.undrafted_steps >= s.probe_every && cheap {
                 *t = 1;
+                // Counted from this probe on, whatever it brings (a guess under p_min is none).
+                s.undrafted_steps = 0;
                 s.probe_every = (s.probe_every * 2).min(PROBE_MAX);
             }
         } else if c.1.is_none() {
+            s.undrafted_steps = 0;
             s.probe_every = PROBE_FIRST;
         }
         let held = s.blocks.len() * BLOCK_TOKENS;
