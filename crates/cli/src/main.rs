@@ -34,6 +34,10 @@ enum Command {
     /// Render a chat request through a chat template and print the prompt.
     Template(commands::template::Args),
     /// Measure prompt processing (pp) and generation (tg) speed, llama-bench style.
+    ///
+    /// With --spec or --model-draft, each tg test decodes greedily after a real prompt (-f, or
+    /// a built-in request to copy ~1,000 tokens of Moby-Dick), without and then with
+    /// speculation, and reports the drafted tokens kept.
     Bench(commands::bench::Args),
     /// Serve the OpenAI API (and a chat page) over HTTP, llama-server style.
     Serve(commands::serve::Args),

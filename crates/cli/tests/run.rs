@@ -181,3 +181,41 @@ fn batched_bench_prints_llama_batched_bench_s_table_and_json_lines() {
         (Some(16), Some(2), Some(24), Some(1))
     );
 }
+
+#[test]
+fn bench_prints_llama_bench_s_table_and_with_spec_the_drafts_kept() {
+    let Some(model) = onebit_testkit::shared_file("models/qwen3-q8_0.gguf") else { return };
+    let m = model.to_str().unwrap();
+    let out = onebit(&["bench", "-m", m, "-p", "8", "-n", "4", "-r", "1", "-t", "2"], None, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    let rows: Vec<Vec<&str>> =
+        table.lines().filter(|l| l.starts_with('|')).map(|l| l.split('|').map(str::trim).collect()).collect();
+    assert_eq!(rows[0][1..8], ["model", "size", "params", "backend", "threads", "test", "t/s"], "{table}");
+    assert_eq!(rows.len(), 4, "{table}");
+    assert_eq!((rows[2][6], rows[3][6], rows[3].len()), ("pp8", "tg4", 9), "{table}");
+
+    // With --spec: tg decodes after the built-in copy request, without and with drafts.
+    let args = ["bench", "-m", m, "-p", "0", "-n", "32", "-r", "1", "-t", "2", "--spec", "lookup"];
+    let out = onebit(&[&args[..], &["--json"]].concat(), None, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v.as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{v}");
+    assert_eq!((rows[0]["test"].as_str(), rows[1]["test"].as_str()), (Some("tg32 off"), Some("tg32 lookup")));
+    assert_eq!((rows[0]["spec"].as_str(), rows[0]["drafted_tokens"].as_u64()), (Some("off"), Some(0)));
+    assert!(rows[0]["prompt_tokens"].as_u64().unwrap() > 900, "{v}");
+    // Random weights repeat themselves: the lookup drafts, and some drafts are kept.
+    let (drafted, kept) = (rows[1]["drafted_tokens"].as_u64().unwrap(), rows[1]["accepted_tokens"].as_u64().unwrap());
+    assert!(drafted > 0 && kept > 0 && kept <= drafted, "{v}");
+    assert!(rows[1]["t/s"].as_f64().unwrap() > 0.0);
+
+    let out = onebit(&args, None, &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    let last: Vec<&str> = table.lines().last().unwrap().split('|').map(str::trim).collect();
+    assert!(table.contains("drafts kept") && last[6] == "tg32 lookup" && last[8].contains(" %)"), "{table}");
+
+    let out = onebit(&["bench", "-m", m, "-d", "16", "--spec", "lookup"], None, &[]);
+    assert!(!out.status.success() && text(&out.stderr).contains("-d"), "{}", text(&out.stderr));
+}

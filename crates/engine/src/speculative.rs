@@ -152,9 +152,19 @@ pub fn lookup(ctx: &[u32], ngram_min: usize, ngram_max: usize, max: usize) -> Ve
     Vec::new()
 }
 
-/// A sequence's chance that a drafted token is kept, learnt with exponential forgetting.
+/// A sequence's chance that a drafted token is kept, learnt with exponential forgetting, apart
+/// after a kept token and after a miss: guesses come in runs (a copied stretch is guessed right
+/// until the copy ends), so the token after a kept one is much likelier kept than the first
+/// one after a miss.
 #[derive(Clone, Copy, Debug)]
 pub struct Acceptance {
+    after_kept: Rate,
+    after_miss: Rate,
+    last_kept: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Rate {
     kept: f64,
     tried: f64,
 }
@@ -162,23 +172,48 @@ pub struct Acceptance {
 /// Weight kept per observation (about the last 30 observations count).
 const FORGET: f64 = 0.97;
 
-impl Default for Acceptance {
+impl Default for Rate {
     /// An optimistic start (a kept-rate of 1/2 worth four observations), so that drafting is
     /// tried and measured.
     fn default() -> Self {
-        Acceptance { kept: 2.0, tried: 4.0 }
+        Rate { kept: 2.0, tried: 4.0 }
+    }
+}
+
+impl Rate {
+    fn rate(&self) -> f64 {
+        self.kept / self.tried
+    }
+
+    fn observe(&mut self, kept: bool) {
+        self.kept = self.kept * FORGET + f64::from(u8::from(kept));
+        self.tried = self.tried * FORGET + 1.0;
+    }
+}
+
+impl Default for Acceptance {
+    fn default() -> Self {
+        Acceptance { after_kept: Rate::default(), after_miss: Rate::default(), last_kept: true }
     }
 }
 
 impl Acceptance {
+    /// The chance that the next drafted token is kept.
     pub fn rate(&self) -> f64 {
-        self.kept / self.tried
+        if self.last_kept { self.after_kept.rate() } else { self.after_miss.rate() }
+    }
+
+    /// The chance that a drafted token after a kept one is kept (the second and later tokens
+    /// of a draft).
+    pub fn rate_on(&self) -> f64 {
+        self.after_kept.rate()
     }
 
     /// One drafted (or predicted) token, kept or not.
     pub fn observe(&mut self, kept: bool) {
-        self.kept = self.kept * FORGET + f64::from(u8::from(kept));
-        self.tried = self.tried * FORGET + 1.0;
+        let r = if self.last_kept { &mut self.after_kept } else { &mut self.after_miss };
+        r.observe(kept);
+        self.last_kept = kept;
     }
 }
 
@@ -236,44 +271,134 @@ impl StepCost {
 /// Drafted tokens per sequence before any step was timed.
 const FIRST_DRAFT: usize = 2;
 
+/// What a draft model's passes cost: fitted to its passes as they run, and before any was
+/// timed, the target's cost scaled by the ratio of their weights' bytes (decode reads every
+/// weight once per pass, so a draft half the target's size costs about half a target step).
+#[derive(Clone, Copy, Debug)]
+pub struct DraftCost {
+    ratio: f64,
+    fit: StepCost,
+}
+
+impl DraftCost {
+    /// A draft model of `draft_bytes` of weights for a target of `target_bytes`.
+    pub fn new(draft_bytes: u64, target_bytes: u64) -> DraftCost {
+        DraftCost { ratio: draft_bytes as f64 / target_bytes.max(1) as f64, fit: StepCost::default() }
+    }
+
+    /// A pass of the draft model over `tokens` tokens took `secs`.
+    pub fn observe(&mut self, tokens: usize, secs: f64) {
+        self.fit.observe(tokens, secs);
+    }
+
+    /// (extra seconds per drafted token, seconds once per drafting sequence) for a sequence
+    /// whose draft cache is `behind` tokens behind (its newest token included): each guess is a
+    /// pass, and the first also computes the tokens it was behind on. `target` is the target's
+    /// (fixed, per-token) step cost.
+    pub fn price(&self, target: (f64, f64), behind: usize) -> (f64, f64) {
+        let (fixed, per) = self.fit.model().unwrap_or((target.0 * self.ratio, target.1 * self.ratio));
+        (fixed + per, per * behind.saturating_sub(1) as f64)
+    }
+}
+
+/// Tokens ahead over which a draft model's catch-up is spread, at most.
+const CATCH_UP_HORIZON: usize = 64;
+
+/// The share of a catch-up costing `entry` seconds that one drafting step carries, for a
+/// sequence with `left` tokens still to generate: the catch-up serves the steps after it too
+/// (its cache stays in step while it drafts), taken as one step per two tokens, over the
+/// tokens left but at most [`CATCH_UP_HORIZON`]. A draft that turns out always wrong thus
+/// costs its catch-up once, which a short answer may notice and a long one not.
+pub fn amortized(entry: f64, left: usize) -> f64 {
+    entry / (left.min(CATCH_UP_HORIZON) as f64 / 2.0).max(1.0)
+}
+
+/// A sequence that may draft, as [`choose_drafts`] weighs it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DraftCandidate {
+    /// The chance that its first drafted token is kept, and each one after a kept one.
+    pub rate: f64,
+    pub rate_on: f64,
+    /// Drafted tokens it can offer, at most.
+    pub len: usize,
+    /// Seconds each drafted token costs before the step (a draft model's pass; 0 for a lookup).
+    pub extra: f64,
+    /// Seconds paid if it drafts at all (a draft model catching up on the context; its share
+    /// for this step, see [`amortized`]).
+    pub entry: f64,
+    /// Drafted by a model (which waits until a step was timed).
+    pub by_model: bool,
+}
+
+impl DraftCandidate {
+    /// A lookup's draft of `len` tokens: free to make.
+    pub fn lookup(rate: f64, len: usize) -> DraftCandidate {
+        DraftCandidate { rate, rate_on: rate, len, extra: 0.0, entry: 0.0, by_model: false }
+    }
+}
+
 /// How many drafted tokens each candidate sequence puts into a step.
 ///
 /// `base_tokens` are the step's tokens without drafts and `base_yield` the tokens it is expected
-/// to produce; `candidates` holds each drafting sequence's acceptance rate, draft length, and the
-/// seconds a drafted token costs before the step (a draft model's pass; 0 for a lookup).
-/// Drafted tokens are added best first (a sequence's k-th token is worth `rate^k`) while each
-/// raises the step's expected tokens per second.
+/// to produce. Drafted tokens are added best first (a sequence's k-th token is worth
+/// `rate · rate_on^(k-1)`, its chance of being kept)
+/// while each raises the step's expected tokens per second; a sequence's first tokens are
+/// weighed together with what it pays once to draft at all (the run of them that is worth most
+/// for its cost). Before any step was timed, a lookup drafts a little (which also times a
+/// longer step) and a draft model nothing: its first pass may cost much.
 pub fn choose_drafts(
     cost: &StepCost,
     base_tokens: usize,
     base_yield: f64,
-    candidates: &[(f64, usize, f64)],
+    candidates: &[DraftCandidate],
 ) -> Vec<usize> {
     let mut take = vec![0; candidates.len()];
     let Some((fixed, per_token)) = cost.model() else {
-        // No step timed yet: draft a little, which also times a longer step.
-        return candidates.iter().map(|&(_, len, _)| len.min(FIRST_DRAFT)).collect();
+        return candidates.iter().map(|c| if c.by_model { 0 } else { c.len.min(FIRST_DRAFT) }).collect();
     };
     let mut time = fixed + per_token * base_tokens as f64;
     let mut value = base_yield;
     loop {
-        // The next token of the sequence whose next token is worth most for its cost.
+        // The next run of tokens (one, or the first ones of a sequence not drafting yet) that
+        // is worth most for its cost.
         let best = candidates
             .iter()
             .enumerate()
-            .filter(|&(i, &(_, len, _))| take[i] < len)
-            .map(|(i, &(rate, _, extra))| (i, rate.powi(take[i] as i32 + 1), per_token + extra))
-            .max_by(|a, b| (a.1 / a.2).total_cmp(&(b.1 / b.2)));
-        let Some((i, worth, price)) = best else { break };
+            .filter_map(|(i, c)| next_run(c, take[i], per_token).map(|(k, worth, price)| (i, k, worth, price)))
+            .max_by(|a, b| (a.2 / a.3).total_cmp(&(b.2 / b.3)));
+        let Some((i, k, worth, price)) = best else { break };
         // Worth adding when worth / price > value / time.
         if worth * time <= value * price {
             break;
         }
-        take[i] += 1;
+        take[i] += k;
         time += price;
         value += worth;
     }
     take
+}
+
+/// The next tokens `c` could add after its first `taken`: (how many, expected kept tokens,
+/// seconds). Past its first token, one at a time; its first run is the one of best worth per
+/// second, its entry cost included.
+fn next_run(c: &DraftCandidate, taken: usize, per_token: f64) -> Option<(usize, f64, f64)> {
+    if taken >= c.len {
+        return None;
+    }
+    let price = per_token + c.extra;
+    let kept = |k: usize| c.rate * c.rate_on.powi(k as i32 - 1);
+    if taken > 0 {
+        return Some((1, kept(taken + 1), price));
+    }
+    let (mut best, mut worth) = (None::<(usize, f64, f64)>, 0.0);
+    for k in 1..=c.len {
+        worth += kept(k);
+        let run = (k, worth, c.entry + price * k as f64);
+        if best.is_none_or(|b| run.1 / run.2 > b.1 / b.2) {
+            best = Some(run);
+        }
+    }
+    best
 }
 
 #[cfg(test)]
@@ -316,19 +441,52 @@ mod tests {
             c.observe(n, 0.010 + 0.001 * n as f64);
         }
         // A good drafter drafts its whole draft, a hopeless one nothing.
-        assert_eq!(choose_drafts(&c, 1, 1.0, &[(0.9, 8, 0.0)]), vec![8]);
-        assert_eq!(choose_drafts(&c, 1, 1.0, &[(0.05, 8, 0.0)]), vec![0]);
+        let model = |rate, extra, entry| DraftCandidate { rate, rate_on: rate, len: 8, extra, entry, by_model: true };
+        assert_eq!(choose_drafts(&c, 1, 1.0, &[DraftCandidate::lookup(0.9, 8)]), vec![8]);
+        assert_eq!(choose_drafts(&c, 1, 1.0, &[DraftCandidate::lookup(0.05, 8)]), vec![0]);
         // A sure draft that costs as much as a step to make does not pay.
-        assert_eq!(choose_drafts(&c, 1, 1.0, &[(1.0, 8, 0.011)]), vec![0]);
-        assert_eq!(choose_drafts(&c, 1, 1.0, &[(1.0, 8, 0.001)]), vec![8]);
+        assert_eq!(choose_drafts(&c, 1, 1.0, &[model(1.0, 0.011, 0.0)]), vec![0]);
+        assert_eq!(choose_drafts(&c, 1, 1.0, &[model(1.0, 0.001, 0.0)]), vec![8]);
+        // What drafting costs once is weighed with the run of tokens it buys: a single token
+        // would not pay for it, several do; a catch-up that costs more than they save, not.
+        assert_eq!(choose_drafts(&c, 1, 1.0, &[model(0.9, 0.001, 0.004)]), vec![8]);
+        assert_eq!(choose_drafts(&c, 1, 1.0, &[model(0.5, 0.001, 0.006)]), vec![0]);
+        assert_eq!(choose_drafts(&c, 1, 1.0, &[model(0.9, 0.001, 0.1)]), vec![0]);
         // Compute-bound: a token costs as much as a step; only a near-certain draft pays.
         let mut c = StepCost::default();
         for i in 0..100 {
             let n = 1 + i % 5;
             c.observe(n, 0.010 * n as f64);
         }
-        assert_eq!(choose_drafts(&c, 1, 1.0, &[(0.6, 8, 0.0)]), vec![0]);
-        assert_eq!(choose_drafts(&c, 8, 8.0, &[(0.6, 8, 0.0), (0.6, 8, 0.0)]), vec![0, 0]);
+        let l = DraftCandidate::lookup(0.6, 8);
+        assert_eq!(choose_drafts(&c, 1, 1.0, &[l]), vec![0]);
+        assert_eq!(choose_drafts(&c, 8, 8.0, &[l, l]), vec![0, 0]);
+        // Before any step was timed: a lookup tries a little, a draft model waits.
+        let none = StepCost::default();
+        assert_eq!(choose_drafts(&none, 1, 1.0, &[l, model(0.9, 0.001, 0.0)]), vec![2, 0]);
+    }
+
+    #[test]
+    fn a_draft_model_costs_its_share_of_the_target_until_timed() {
+        let d = DraftCost::new(25, 100);
+        let (extra, entry) = d.price((0.010, 0.001), 11);
+        assert!((extra - 0.00275).abs() < 1e-9 && (entry - 0.0025).abs() < 1e-9, "{extra} {entry}");
+        let mut d = d;
+        for i in 0..50 {
+            d.observe(1 + i % 4, 0.001 + 0.0005 * (1 + i % 4) as f64);
+        }
+        let (extra, entry) = d.price((0.010, 0.001), 3);
+        assert!((extra - 0.0015).abs() < 1e-4 && (entry - 0.001).abs() < 1e-4, "{extra} {entry}");
+        // A self-draft (as large as the target) never pays, even if always right.
+        let (extra, _) = DraftCost::new(100, 100).price((0.010, 0.001), 1);
+        let mut c = StepCost::default();
+        (0..100).for_each(|i| c.observe(1 + i % 5, 0.010 + 0.001 * (1 + i % 5) as f64));
+        let sure = DraftCandidate { rate: 1.0, rate_on: 1.0, len: 16, extra, entry: 0.0, by_model: true };
+        assert_eq!(choose_drafts(&c, 1, 1.0, &[sure]), vec![0]);
+        // A catch-up is spread over the steps ahead, at most 32 of them.
+        assert_eq!(amortized(3.2, 1000), 0.1);
+        assert_eq!(amortized(3.2, 16), 0.4);
+        assert_eq!(amortized(3.2, 1), 3.2);
     }
 
     #[test]
@@ -339,5 +497,12 @@ mod tests {
         assert!(a.rate() > 0.9);
         (0..100).for_each(|_| a.observe(false));
         assert!(a.rate() < 0.1);
+        // Runs of ten kept, then of ten missed: after a kept token the next is likely kept,
+        // after a miss not.
+        let mut a = Acceptance::default();
+        (0..300).for_each(|i| a.observe(i % 20 < 10));
+        assert!(a.rate() < 0.2 && a.rate_on() > 0.8, "{} {}", a.rate(), a.rate_on());
+        a.observe(true);
+        assert!(a.rate() > 0.8);
     }
 }

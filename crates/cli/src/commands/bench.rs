@@ -5,13 +5,20 @@
 //! are computed once, untimed, and the cache is cut back to them before each run. Each test runs
 //! once to warm up, then `-r` times; t/s is reported as mean ± standard deviation. The first
 //! line names the CPU and the kernel tier, so that a figure can be traced to its machine.
+//! With `--spec` (or `--model-draft`) the tg tests measure speculative decoding instead, after
+//! a real prompt, beside the same decode without it (see `bench_spec.rs`).
 
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Result, bail};
+use onebit_engine::Engine;
 use onebit_kernels::{BatchRounding, KernelTier, Pool};
 use onebit_model::{Device, KvCache, KvType, LogitsWanted, LoraUse, Model, ModelOptions, Scratch};
 use serde_json::json;
+
+use super::bench_spec::{self, SpecTotals};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -50,6 +57,15 @@ pub struct Args {
     pub json: bool,
     #[command(flatten)]
     pub lora: super::model_args::LoraArgs,
+    /// With --spec: the prompt the tg tests decode after, sent as a user message through the
+    /// chat template where the model has one [default: a request to copy the first ~1,000
+    /// tokens of Moby-Dick's chapter 1].
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    pub file: Option<PathBuf>,
+    // With --spec lookup or draft, each tg test is measured without speculation and with it,
+    // greedily after the prompt of -f, and reports how many drafted tokens were kept.
+    #[command(flatten)]
+    pub spec: super::model_args::SpecArgs,
 }
 
 struct Row {
@@ -59,6 +75,7 @@ struct Row {
     threads: usize,
     test: String,
     samples: Vec<f64>,
+    spec: Option<SpecTotals>,
 }
 
 impl Row {
@@ -80,18 +97,25 @@ pub fn run(args: Args) -> Result<()> {
     if args.repetitions == 0 {
         bail!("--repetitions must be at least 1");
     }
+    let spec = args.spec.mode.is_some() || args.spec.model_draft.is_some();
+    if spec && args.n_depth.iter().any(|&d| d > 0) {
+        bail!("--spec: the tg tests decode after the prompt of -f, which takes the place of -d; leave -d out");
+    }
     let threads =
         if args.threads.is_empty() { vec![onebit_kernels::Pool::default_threads()] } else { args.threads.clone() };
     let mut rows = Vec::new();
     let tier = args.kernel_tier.unwrap_or_else(KernelTier::best);
     if !args.json {
         println!("cpu: {} | kernel tier: {tier}", cpu_name());
+        // With --spec, a wider test column ("tg128 lookup") and the drafts kept.
+        let (w, kept) = if spec { (12, format!(" {:>20} |", "drafts kept")) } else { (8, String::new()) };
         println!(
-            "| {:<28} | {:>10} | {:>10} | {:<10} | {:>7} | {:>8} | {:>20} |",
+            "| {:<28} | {:>10} | {:>10} | {:<10} | {:>7} | {:>w$} | {:>20} |{kept}",
             "model", "size", "params", "backend", "threads", "test", "t/s"
         );
+        let kept = if spec { format!(" {:->20} |", ":") } else { String::new() };
         println!(
-            "| {:-<28} | {:->10} | {:->10} | {:-<10} | {:->7} | {:->8} | {:->20} |",
+            "| {:-<28} | {:->10} | {:->10} | {:-<10} | {:->7} | {:->w$} | {:->20} |{kept}",
             ":", ":", ":", ":", ":", ":", ":"
         );
     }
@@ -107,60 +131,125 @@ pub fn run(args: Args) -> Result<()> {
             lora: args.lora.paths(),
         };
         let lora = args.lora.uses()?;
-        let model = Model::load(&path, &options)?;
+        let loaded = Model::load(&path, &options)?;
+        // With --spec the model serves through the engine, which owns it.
+        let (engine, plain) = if spec {
+            let mut engine = Engine::new(loaded)?;
+            engine.set_lora_scales(&lora)?;
+            args.spec.attach_draft(&mut engine, &options)?;
+            (Some(Arc::new(engine)), None)
+        } else {
+            (None, Some(loaded))
+        };
+        let model = engine.as_deref().map(Engine::model).or(plain.as_ref()).expect("loaded");
         if let (Some(gpu), false) = (model.device_name(), args.json) {
             println!("gpu: {gpu} ({})", model.device());
         }
-        let pool = Pool::new(if t == 0 { Pool::default_threads() } else { t });
-        let (size, params) = weight_totals(&model);
-        let name = model_name(&model, params);
+        let n_threads = if t == 0 { Pool::default_threads() } else { t };
+        let pool = Pool::new(n_threads);
+        let (size, params) = weight_totals(model);
+        let name = model_name(model, params);
+        let backend = match model.device() {
+            Device::Cpu => format!("CPU/{}", model.kernels().tier()),
+            Device::Cuda(_) => "CUDA".to_string(),
+        };
+        let row = |test: String, samples: Vec<f64>, totals: Option<SpecTotals>| {
+            let row = Row { model: name.clone(), size, params, threads: t, test, samples, spec: totals };
+            if !args.json {
+                print_row(&row, &backend, spec);
+            }
+            row
+        };
         let tests = args.n_prompt.iter().filter(|&&n| n > 0).map(|&n| ("pp", n, true));
         let tests = tests.chain(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| ("tg", n, false))).collect::<Vec<_>>();
         for &depth in &args.n_depth {
             let longest = tests.iter().map(|t| t.1).max().unwrap_or(0);
             let mut cache = model.new_cache(depth + longest)?;
-            fill(&model, &pool, &mut cache, depth, &lora)?;
+            fill(model, &pool, &mut cache, depth, &lora)?;
             for &(kind, n, prefill) in &tests {
+                if let (Some(engine), false) = (&engine, prefill) {
+                    for (test, samples, totals) in spec_test(&args, engine, n_threads, n)? {
+                        rows.push(row(test, samples, Some(totals)));
+                    }
+                    continue;
+                }
                 let mut samples = Vec::new();
                 for rep in 0..=args.repetitions {
                     cache.truncate(depth);
-                    let secs = time_test(&model, &pool, &mut cache, &lora, (n, prefill), rep)?;
+                    let secs = time_test(model, &pool, &mut cache, &lora, (n, prefill), rep)?;
                     if rep > 0 {
                         samples.push(n as f64 / secs);
                     }
                 }
                 let test = if depth > 0 { format!("{kind}{n} @ d{depth}") } else { format!("{kind}{n}") };
-                let row = Row { model: name.clone(), size, params, threads: t, test, samples };
-                if !args.json {
-                    println!(
-                        "| {:<28} | {:>10} | {:>10} | {:<10} | {:>7} | {:>8} | {:>20} |",
-                        row.model,
-                        format!("{:.2} GiB", row.size as f64 / (1u64 << 30) as f64),
-                        format!("{:.2} B", row.params as f64 / 1e9),
-                        match model.device() {
-                            Device::Cpu => format!("CPU/{}", model.kernels().tier()),
-                            Device::Cuda(_) => "CUDA".to_string(),
-                        },
-                        row.threads,
-                        row.test,
-                        format!("{:.2} ± {:.2}", row.mean(), row.std())
-                    );
-                }
-                rows.push(row);
+                rows.push(row(test, samples, None));
             }
         }
     }
     if args.json {
-        let out: Vec<_> = rows
-            .iter()
-            .map(|r| {
-                json!({"model": r.model, "size": r.size, "params": r.params, "threads": r.threads, "test": r.test,
-                       "t/s": r.mean(), "stddev": r.std(), "samples_ts": r.samples})
-            })
-            .collect();
+        let out: Vec<_> = rows.iter().map(row_json).collect();
         println!("{}", serde_json::to_string_pretty(&out)?);
     }
     Ok(())
+}
+
+/// The tg `n` test of `--spec`: a row per mode (without speculation, then with it), with its
+/// tokens/s per timed repetition and the drafts over them.
+fn spec_test(
+    args: &Args,
+    engine: &Arc<Engine>,
+    threads: usize,
+    n: usize,
+) -> Result<Vec<(String, Vec<f64>, SpecTotals)>> {
+    let prompt = bench_spec::prompt(engine, args.file.as_deref())?;
+    let speculation = args.spec.speculation();
+    let modes = bench_spec::modes(speculation.mode);
+    let scheduler = bench_spec::scheduler(engine, threads, prompt.len() + n, speculation)?;
+    let mut out: Vec<(String, Vec<f64>, SpecTotals)> = modes
+        .iter()
+        .map(|&mode| {
+            let totals = SpecTotals { mode, prompt_tokens: prompt.len(), ..SpecTotals::default() };
+            (format!("tg{n} {mode}"), Vec::new(), totals)
+        })
+        .collect();
+    for rep in 0..=args.repetitions {
+        let measured = bench_spec::run_once(&scheduler, &prompt, n, &modes)?;
+        if rep == 0 {
+            continue;
+        }
+        for (o, (rate, drafted, accepted)) in out.iter_mut().zip(measured) {
+            o.1.push(rate);
+            o.2.drafted += drafted;
+            o.2.accepted += accepted;
+        }
+    }
+    Ok(out)
+}
+
+fn print_row(row: &Row, backend: &str, spec: bool) {
+    let kept = row.spec.map(|s| format!(" {:>20} |", s.cell())).unwrap_or_default();
+    let w = if spec { 12 } else { 8 };
+    println!(
+        "| {:<28} | {:>10} | {:>10} | {:<10} | {:>7} | {:>w$} | {:>20} |{kept}",
+        row.model,
+        format!("{:.2} GiB", row.size as f64 / (1u64 << 30) as f64),
+        format!("{:.2} B", row.params as f64 / 1e9),
+        backend,
+        row.threads,
+        row.test,
+        format!("{:.2} ± {:.2}", row.mean(), row.std())
+    );
+}
+
+fn row_json(r: &Row) -> serde_json::Value {
+    let mut v = json!({"model": r.model, "size": r.size, "params": r.params, "threads": r.threads, "test": r.test,
+                       "t/s": r.mean(), "stddev": r.std(), "samples_ts": r.samples});
+    if let Some(s) = r.spec {
+        let extra = json!({"spec": s.mode.to_string(), "prompt_tokens": s.prompt_tokens,
+                           "drafted_tokens": s.drafted, "accepted_tokens": s.accepted, "acceptance": s.acceptance()});
+        v.as_object_mut().expect("an object").extend(extra.as_object().expect("an object").clone());
+    }
+    v
 }
 
 /// Random token ids (a fixed generator, different per repetition).

@@ -192,11 +192,11 @@ pub struct SpecArgs {
 }
 
 impl SpecArgs {
-    /// Load `--model-draft` (with the main model's options) into `engine`.
-    pub fn attach_draft(&self, engine: &mut Engine, model: &ModelArgs) -> Result<()> {
+    /// Load `--model-draft` (with the main model's `options`) into `engine`.
+    pub fn attach_draft(&self, engine: &mut Engine, options: &ModelOptions) -> Result<()> {
         let Some(path) = &self.model_draft else { return Ok(()) };
         // The adapters are the main model's.
-        let options = ModelOptions { lora: Vec::new(), ..model.options() };
+        let options = ModelOptions { lora: Vec::new(), ..options.clone() };
         let draft = Model::load(path, &options).with_context(|| format!("loading {}", path.display()))?;
         engine.set_draft(draft).with_context(|| format!("drafting with {}", path.display()))?;
         Ok(())
@@ -235,7 +235,7 @@ pub fn start_engine(model: &ModelArgs, engine: &EngineArgs, ui: &super::ui::Ui) 
     let loaded = model.load_with(ui)?;
     let ctx = model.ctx(&loaded);
     let mut engine_ = model.engine(loaded)?;
-    engine.spec.attach_draft(&mut engine_, model)?;
+    engine.spec.attach_draft(&mut engine_, &model.options())?;
     let engine_ = Arc::new(engine_);
     let scheduler = Scheduler::start(Arc::clone(&engine_), model.pool(), engine.config(ctx, 1))?;
     Ok((engine_, scheduler))

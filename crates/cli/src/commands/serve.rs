@@ -142,7 +142,7 @@ fn load(model: &ModelArgs, engine: &EngineArgs, template: Option<String>) -> Res
     if !eng.has_chat_template() {
         tracing::warn!("the model has no chat template: /v1/chat/completions will refuse; use --chat-template-file");
     }
-    engine.spec.attach_draft(&mut eng, model)?;
+    engine.spec.attach_draft(&mut eng, &model.options())?;
     let eng = Arc::new(eng);
     let config = engine.config(ctx, DEFAULT_PARALLEL);
     let pool = model.pool();

@@ -13,15 +13,18 @@ use onebit_model::{BLOCK_TOKENS, KvPool, LogitsWanted, Model, Scratch, SeqInput}
 use super::sequence::Sequence;
 use super::worker::Plan;
 use crate::blocks::BlockManager;
-use crate::speculative::{SpecMode, StepCost, choose_drafts, lookup};
+use crate::speculative::{DraftCandidate, DraftCost, SpecMode, StepCost, amortized, choose_drafts, lookup};
 use crate::{Engine, EngineError};
 
 /// A sequence drafting with a model that chose to draft nothing tries one token after this many
 /// steps, so that its acceptance estimate can recover; each probe that does not bring drafting
-/// back doubles the wait (a probe first brings the draft cache up to date, which costs), and
-/// after the longest wait the sequence stops drafting.
+/// back doubles the wait, up to the longest. A probe first brings the draft cache up to date
+/// with the tokens since, which costs a share of their time as large as the draft model's
+/// share of the target: it is made only where that is at most [`PROBE_SHARE`] of the time since
+/// the sequence's last draft or probe.
 pub(super) const PROBE_FIRST: usize = 8;
-const PROBE_MAX: usize = 32;
+const PROBE_MAX: usize = 64;
+const PROBE_SHARE: f64 = 0.02;
 
 /// What drafting needs of the engine loop.
 pub(super) struct Parts<'a> {
@@ -44,8 +47,7 @@ pub(super) fn add_drafts(mut plan: Plan, running: &mut [Sequence], parts: Parts<
     if !running.iter().any(|s| s.spec.is_on()) {
         return Ok(plan);
     }
-    // (plan index, the lookup's draft or none for a draft model, longest draft)
-    let mut cands: Vec<(usize, Option<Vec<u32>>, usize)> = Vec::new();
+    let mut cands: Vec<Cand> = Vec::new();
     for (p, &(i, n)) in plan.iter().enumerate() {
         let s = &mut running[i];
         s.predicted = None;
@@ -71,31 +73,32 @@ pub(super) fn add_drafts(mut plan: Plan, running: &mut [Sequence], parts: Parts<
     }
     let base_tokens: usize = plan.iter().map(|e| e.1).sum();
     let base_yield = plan.iter().filter(|&&(i, n)| running[i].n_computed + n == running[i].tokens.len()).count();
-    let guess_cost = drafter.as_ref().map_or(0.0, |d| d.guess_cost());
-    let rates: Vec<(f64, usize, f64)> = cands
-        .iter()
-        .map(|c| {
-            let extra = if c.1.is_none() { guess_cost } else { 0.0 };
-            (running[plan[c.0].0].acceptance.rate(), c.2, extra)
-        })
-        .collect();
-    let mut take = choose_drafts(cost, base_tokens, base_yield as f64, &rates);
+    let target = cost.model();
+    let (priced, catch_up) = price(&cands, running, &plan, drafter.as_deref(), target, ctx);
+    let mut take = choose_drafts(cost, base_tokens, base_yield as f64, &priced);
     // Within the budget and the blocks, before any drafting work.
     let mut room = room.saturating_sub(base_tokens);
     let mut spare = blocks.available().saturating_sub(running.len());
-    for (t, c) in take.iter_mut().zip(&cands) {
+    for (((t, c), price), catch_up) in take.iter_mut().zip(&cands).zip(&priced).zip(catch_up) {
         let s = &mut running[plan[c.0].0];
         if !s.spec.adaptive {
             *t = c.2;
         }
         if c.1.is_none() && *t == 0 {
             s.undrafted_steps += 1;
-            if s.undrafted_steps >= s.probe_every {
+            // A probe: its catch-up, its guess and its place in the step, against the time
+            // since its last draft or probe.
+            let cheap = target.is_some_and(|(fixed, per)| {
+                catch_up + price.extra + per <= PROBE_SHARE * s.undrafted_steps as f64 * (fixed + per)
+            });
+            if s.undrafted_steps >= s.probe_every && cheap {
                 *t = 1;
-                // Past the last wait the sequence stops drafting for good.
-                s.probe_every = if s.probe_every >= PROBE_MAX { usize::MAX } else { s.probe_every * 2 };
+                // Counted from this probe on, whatever it brings (a guess under p_min is none).
+                s.undrafted_steps = 0;
+                s.probe_every = (s.probe_every * 2).min(PROBE_MAX);
             }
         } else if c.1.is_none() {
+            s.undrafted_steps = 0;
             s.probe_every = PROBE_FIRST;
         }
         let held = s.blocks.len() * BLOCK_TOKENS;
@@ -118,6 +121,13 @@ pub(super) fn add_drafts(mut plan: Plan, running: &mut [Sequence], parts: Parts<
             running.iter_mut().enumerate().filter(|(i, _)| rows.contains(i)).map(|(_, s)| s).collect();
         // `rows` follows the plan, which follows `running`: the same order as `seqs`.
         guessed = d.propose(model, pool, &mut seqs, &wanted)?;
+        // A draft model that offers nothing sure enough (`--draft-p-min`) has failed too: its
+        // pass was paid for.
+        for ((s, &w), g) in seqs.iter_mut().zip(&wanted).zip(&guessed) {
+            if w > 0 && g.is_empty() {
+                s.acceptance.observe(false);
+            }
+        }
     }
     for ((c, k), guess) in cands.into_iter().zip(take).zip(guessed) {
         let (p, lookup_draft, _) = c;
@@ -143,30 +153,60 @@ pub(super) fn add_drafts(mut plan: Plan, running: &mut [Sequence], parts: Parts<
     Ok(plan)
 }
 
+/// A drafting candidate: (its place in the plan, the lookup's draft or none for a draft model,
+/// its longest draft).
+type Cand = (usize, Option<Vec<u32>>, usize);
+
+/// How [`choose_drafts`] sees each candidate, and the seconds a draft model's catch-up costs it
+/// whole (for its probes); `target` is the target's fitted step cost.
+fn price(
+    cands: &[Cand],
+    running: &[Sequence],
+    plan: &Plan,
+    drafter: Option<&Drafter>,
+    target: Option<(f64, f64)>,
+    ctx: usize,
+) -> (Vec<DraftCandidate>, Vec<f64>) {
+    cands
+        .iter()
+        .map(|c| {
+            let s = &running[plan[c.0].0];
+            let free =
+                DraftCandidate { rate_on: s.acceptance.rate_on(), ..DraftCandidate::lookup(s.acceptance.rate(), c.2) };
+            match (&c.1, drafter, target) {
+                (Some(_), _, _) => (free, 0.0),
+                (None, Some(d), Some(t)) => {
+                    let (extra, entry) = d.cost.price(t, s.tokens.len() - s.draft_computed);
+                    let amortized = amortized(entry, s.budget_left(ctx));
+                    (DraftCandidate { extra, entry: amortized, by_model: true, ..free }, entry)
+                }
+                (None, _, _) => (DraftCandidate { by_model: true, ..free }, 0.0),
+            }
+        })
+        .unzip()
+}
+
 pub(super) struct Drafter {
     kv: KvPool,
     blocks: BlockManager,
     scratch: Scratch,
-    /// What a guessing pass of the draft model costs (one token per sequence).
-    cost: StepCost,
+    /// What the draft model's passes cost.
+    cost: DraftCost,
+    /// Whether a pass was made (the first touches the weights and is not timed).
+    warm: bool,
 }
 
 impl Drafter {
     /// A draft pool of `n_blocks` blocks (as many as the target's: a sequence never needs
     /// more positions there).
-    pub fn new(draft: &Model, n_blocks: usize) -> Result<Drafter, EngineError> {
+    pub fn new(draft: &Model, target: &Model, n_blocks: usize) -> Result<Drafter, EngineError> {
         Ok(Drafter {
             kv: draft.new_pool(n_blocks)?,
             blocks: BlockManager::new(n_blocks, BLOCK_TOKENS),
             scratch: Scratch::new(),
-            cost: StepCost::default(),
+            cost: DraftCost::new(weight_bytes(draft), weight_bytes(target)),
+            warm: false,
         })
-    }
-
-    /// Seconds one more guess costs a sequence (a pass of the draft model over one token); 0
-    /// until a pass was timed.
-    pub fn guess_cost(&self) -> f64 {
-        self.cost.model().map_or(0.0, |(fixed, per)| fixed + per)
     }
 
     /// Give back a sequence's draft blocks (it ended, or was put back in the queue).
@@ -218,10 +258,10 @@ impl Drafter {
             let computed: Vec<usize> = inputs.iter().map(|x| x.tokens.len()).collect();
             let t = std::time::Instant::now();
             let logits = draft.forward(pool, &mut self.kv, &inputs, &mut self.scratch)?;
-            if computed.iter().all(|&n| n == 1) {
-                // Passes of one token per sequence only (not those catching up on a context).
-                self.cost.observe(computed.len(), t.elapsed().as_secs_f64());
+            if self.warm {
+                self.cost.observe(computed.iter().sum(), t.elapsed().as_secs_f64());
             }
+            self.warm = true;
             drop(inputs);
             let mut still = Vec::with_capacity(going.len());
             for (p, &i) in going.iter().enumerate() {
@@ -242,6 +282,11 @@ impl Drafter {
         }
         Ok(out)
     }
+}
+
+/// The bytes of a model's weights (what a decoding pass reads).
+fn weight_bytes(m: &Model) -> u64 {
+    m.gguf().tensors().map(|t| t.data().len() as u64).sum()
 }
 
 /// The most likely token of `logits` and its probability.

@@ -149,7 +149,7 @@ impl Scheduler {
         let config = resolve(&engine, config)?;
         let model = engine.model();
         let kv = model.new_pool(config.kv_size / BLOCK_TOKENS)?;
-        let drafter = engine.draft().map(|d| draft::Drafter::new(d, kv.n_blocks())).transpose()?;
+        let drafter = engine.draft().map(|d| draft::Drafter::new(d, model, kv.n_blocks())).transpose()?;
         let shared = Arc::new(Shared { in_flight: AtomicUsize::new(0), next_id: AtomicU64::new(1) });
         let (tx, rx) = mpsc::channel();
         let vocab = model.config().vocab_size;
