@@ -19,6 +19,9 @@ pub(super) fn kernel(ty: GgmlType) -> Option<RowKernel> {
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
             |w, r, a, o| packed_or(w, r, a, o, super::legacy::packed)
         }
+        GgmlType::Q4_K => return Some(RowKernel::Dot(super::kquants::dot_q4_k)),
+        GgmlType::Q5_K => return Some(RowKernel::Dot(super::kquants::dot_q5_k)),
+        GgmlType::Q6_K => return Some(RowKernel::Dot(super::kquants::dot_q6_k)),
         _ => return Some(RowKernel::Dot(scalar)),
     };
     Some(RowKernel::Tiled(f))

@@ -1,7 +1,9 @@
 //! The AVX2 tier (with FMA and F16C, and AVX-VNNI where present): the packed products of the
-//! 1-bit and legacy types, the activation quantizer, and every vector operation, eight lanes
-//! wide. Types without an AVX2 kernel use the scalar reference.
+//! 1-bit and legacy types, dot products of the common K-quants, the activation quantizer, and
+//! every vector operation, eight lanes wide. Types without an AVX2 kernel use the scalar
+//! reference.
 
+mod kquants;
 mod legacy;
 mod matmul;
 mod ops;
