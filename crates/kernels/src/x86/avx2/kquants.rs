@@ -165,7 +165,7 @@ mod tests {
         let x: Vec<f32> = (0..n).map(|i| ((i * 7919 % 409) as f32 - 204.0) / 9.0).collect();
         let mut a = vec![0u8; GgmlType::Q8_K.bytes_for(n as u64).unwrap() as usize];
         quantize(GgmlType::Q8_K, &x, &mut a).unwrap();
-        let kernels: [(GgmlType, fn(&[u8], &[u8], usize) -> f32); 3] =
+        let kernels: [(GgmlType, crate::scalar::dot::DotFn); 3] =
             [(GgmlType::Q4_K, super::dot_q4_k), (GgmlType::Q5_K, super::dot_q5_k), (GgmlType::Q6_K, super::dot_q6_k)];
         for (ty, dot) in kernels {
             let reference = crate::scalar::dot::dot_fn(ty).unwrap();
