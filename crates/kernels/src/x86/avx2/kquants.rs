@@ -1,15 +1,17 @@
 //! AVX2 dot products of the K-quant rows most files use (Q4_K, Q5_K, Q6_K: the Q4_K_M and
-//! Q5_K_M mixes) with Q8_K activations, one row and one token at a time.
+//! Q5_K_M mixes) and of ternary TQ2_0 rows with Q8_K activations, one row and one token at a
+//! time.
 //!
 //! Each block's sum is formed exactly in integers, 32 weights per vector: `vpmaddubsw` of the
 //! unsigned codes (at most 63) with the signed activations keeps its pair sums under 2 · 63 · 127,
 //! and `vpmaddwd` with the sub-block's scale widens them to 32 bits. The offsets (Q4_K/Q5_K's
-//! mins, Q6_K's −32) come off afterwards from the activations' 16-value sums. The float steps
+//! mins, Q6_K's −32, TQ2_0's −1) come off afterwards from the activations' 16-value sums. The float steps
 //! are the scalar reference's, block after block, so the results are its bits.
 
 use std::arch::x86_64::*;
 
 use crate::formats::kquants::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, scale_min_k4};
+use crate::formats::ternary::BlockTQ2_0;
 use crate::formats::{QK_K, blocks, f16_to_f32};
 
 fn d16(b: [u8; 2]) -> f32 {
@@ -32,6 +34,12 @@ pub(super) fn dot_q5_k(w: &[u8], a: &[u8], n: usize) -> f32 {
 pub(super) fn dot_q6_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     // SAFETY: as for `dot_q4_k`.
     unsafe { dot_q6_k_impl(w, a, n) }
+}
+
+/// TQ2_0 row `w` · Q8_K row `a` over `n` values.
+pub(super) fn dot_tq2_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    // SAFETY: as for `dot_q4_k`.
+    unsafe { dot_tq2_0_impl(w, a, n) }
 }
 
 /// 32 unsigned codes times 32 signed activations, the two 16-value halves scaled by `lo` and
@@ -147,6 +155,27 @@ fn dot_q6_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     sum
 }
 
+#[target_feature(enable = "avx2,fma")]
+fn dot_tq2_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let (w, y) = (blocks::<BlockTQ2_0>(w), blocks::<BlockQ8K>(a));
+    let three = _mm256_set1_epi8(3);
+    let mut sum = 0f32;
+    for (b, yb) in w[..n / QK_K].iter().zip(y) {
+        let mut acc = _mm256_setzero_si256();
+        // Bits 2l of byte k of half j hold code j·128 + 32l + k (the weight plus 1).
+        for j in 0..2 {
+            let q = load(&b.qs[32 * j..]);
+            for l in 0..4 {
+                let codes = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * l as i32)), three);
+                acc = _mm256_add_epi32(acc, scaled(codes, acts(yb, 4 * j + l), 1, 1));
+            }
+        }
+        let offset: i32 = yb.bsums.iter().map(|&s| s as i32).sum();
+        sum += (hsum(acc) - offset) as f32 * (yb.d * d16(b.d));
+    }
+    sum
+}
+
 #[cfg(test)]
 mod tests {
     use onebit_gguf::GgmlType;
@@ -154,7 +183,7 @@ mod tests {
     use crate::formats::quantize;
     use crate::tier::KernelTier;
 
-    /// Every K-quant dot gives the scalar reference's bits, over rows of several blocks with
+    /// Every dot here gives the scalar reference's bits, over rows of several blocks with
     /// scales of every size.
     #[test]
     fn k_quant_dots_equal_the_reference_bit_for_bit() {
@@ -165,8 +194,12 @@ mod tests {
         let x: Vec<f32> = (0..n).map(|i| ((i * 7919 % 409) as f32 - 204.0) / 9.0).collect();
         let mut a = vec![0u8; GgmlType::Q8_K.bytes_for(n as u64).unwrap() as usize];
         quantize(GgmlType::Q8_K, &x, &mut a).unwrap();
-        let kernels: [(GgmlType, crate::scalar::dot::DotFn); 3] =
-            [(GgmlType::Q4_K, super::dot_q4_k), (GgmlType::Q5_K, super::dot_q5_k), (GgmlType::Q6_K, super::dot_q6_k)];
+        let kernels: [(GgmlType, crate::scalar::dot::DotFn); 4] = [
+            (GgmlType::Q4_K, super::dot_q4_k),
+            (GgmlType::Q5_K, super::dot_q5_k),
+            (GgmlType::Q6_K, super::dot_q6_k),
+            (GgmlType::TQ2_0, super::dot_tq2_0),
+        ];
         for (ty, dot) in kernels {
             let reference = crate::scalar::dot::dot_fn(ty).unwrap();
             for seed in 0..8usize {

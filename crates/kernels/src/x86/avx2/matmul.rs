@@ -22,6 +22,7 @@ pub(super) fn kernel(ty: GgmlType) -> Option<RowKernel> {
         GgmlType::Q4_K => return Some(RowKernel::Dot(super::kquants::dot_q4_k)),
         GgmlType::Q5_K => return Some(RowKernel::Dot(super::kquants::dot_q5_k)),
         GgmlType::Q6_K => return Some(RowKernel::Dot(super::kquants::dot_q6_k)),
+        GgmlType::TQ2_0 => return Some(RowKernel::Dot(super::kquants::dot_tq2_0)),
         _ => return Some(RowKernel::Dot(scalar)),
     };
     Some(RowKernel::Tiled(f))
