@@ -1,8 +1,10 @@
 //! The AVX2 tier (with FMA and F16C, and AVX-VNNI where present): the packed products of the
-//! 1-bit and legacy types, dot products of the common K-quants, the activation quantizer, and
+//! 1-bit and legacy types, dot products of the common K-quants, TQ2_0 and the float types, the
+//! activation quantizer, and
 //! every vector operation, eight lanes wide. Types without an AVX2 kernel use the scalar
 //! reference.
 
+mod floats;
 mod kquants;
 mod legacy;
 mod matmul;
