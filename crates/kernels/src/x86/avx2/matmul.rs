@@ -23,6 +23,7 @@ pub(super) fn kernel(ty: GgmlType) -> Option<RowKernel> {
         GgmlType::Q5_K => return Some(RowKernel::Dot(super::kquants::dot_q5_k)),
         GgmlType::Q6_K => return Some(RowKernel::Dot(super::kquants::dot_q6_k)),
         GgmlType::TQ2_0 => return Some(RowKernel::Dot(super::kquants::dot_tq2_0)),
+        GgmlType::Q2_0 => return Some(RowKernel::Dot(super::ternary::dot_q2_0)),
         GgmlType::F32 => return Some(RowKernel::Dot(super::floats::dot_f32)),
         GgmlType::F16 => return Some(RowKernel::Dot(super::floats::dot_f16)),
         GgmlType::BF16 => return Some(RowKernel::Dot(super::floats::dot_bf16)),

@@ -1,5 +1,5 @@
 //! The AVX2 tier (with FMA and F16C, and AVX-VNNI where present): the packed products of the
-//! 1-bit and legacy types, dot products of the common K-quants, TQ2_0 and the float types, the
+//! 1-bit and legacy types, dot products of the common K-quants, Q2_0, TQ2_0 and the float types, the
 //! activation quantizer, and
 //! every vector operation, eight lanes wide. Types without an AVX2 kernel use the scalar
 //! reference.
@@ -9,6 +9,7 @@ mod kquants;
 mod legacy;
 mod matmul;
 mod ops;
+mod ternary;
 
 use std::arch::x86_64::*;
 
