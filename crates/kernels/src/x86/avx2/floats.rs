@@ -64,10 +64,7 @@ unsafe fn dot_impl<const B: usize>(
         // SAFETY: values i .. i + 8 lie inside both rows (asserted above).
         unsafe { acc = _mm256_fmadd_ps(wide(w.as_ptr().add(B * i)), _mm256_loadu_ps(a.as_ptr().add(i)), acc) };
     }
-    let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    let mut sum = _mm_cvtss_f32(s);
+    let mut sum = super::ops::hsum(acc);
     for i in body..n {
         sum += one(&w[B * i..B * i + B]) * a[i];
     }

@@ -12,11 +12,7 @@ use std::arch::x86_64::*;
 
 use crate::formats::kquants::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, scale_min_k4};
 use crate::formats::ternary::BlockTQ2_0;
-use crate::formats::{QK_K, blocks, f16_to_f32};
-
-fn d16(b: [u8; 2]) -> f32 {
-    f16_to_f32(u16::from_le_bytes(b))
-}
+use crate::formats::{QK_K, blocks, half as d16};
 
 /// Q4_K row `w` · Q8_K row `a` over `n` values.
 pub(super) fn dot_q4_k(w: &[u8], a: &[u8], n: usize) -> f32 {
@@ -52,11 +48,19 @@ fn scaled(q: __m256i, a: __m256i, lo: i16, hi: i16) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn hsum(v: __m256i) -> i32 {
+pub(super) fn hsum(v: __m256i) -> i32 {
     let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
     _mm_cvtsi128_si32(s)
+}
+
+/// The low (`high` false) or high nibbles of 32 bytes, one to a byte.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn nibbles(q: __m256i, high: bool) -> __m256i {
+    let q = if high { _mm256_srli_epi16::<4>(q) } else { q };
+    _mm256_and_si256(q, _mm256_set1_epi8(0x0f))
 }
 
 /// 32 bytes at `p`.
@@ -92,14 +96,10 @@ fn k4_block(d: [u8; 2], dmin: [u8; 2], scales: &[u8; 12], y: &BlockQ8K, codes: i
 #[target_feature(enable = "avx2,fma")]
 fn dot_q4_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (w, y) = (blocks::<BlockQ4K>(w), blocks::<BlockQ8K>(a));
-    let nib = _mm256_set1_epi8(0x0f);
     let mut sum = 0f32;
     for (b, yb) in w[..n / QK_K].iter().zip(y) {
         // Sub-block j: the low nibbles (even j) or high nibbles (odd j) of bytes 32·(j/2)...
-        sum += k4_block(b.d, b.dmin, &b.scales, yb, |j| {
-            let q = load(&b.qs[32 * (j / 2)..]);
-            if j % 2 == 0 { _mm256_and_si256(q, nib) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(q), nib) }
-        });
+        sum += k4_block(b.d, b.dmin, &b.scales, yb, |j| nibbles(load(&b.qs[32 * (j / 2)..]), j % 2 == 1));
     }
     sum
 }
@@ -107,15 +107,13 @@ fn dot_q4_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
 #[target_feature(enable = "avx2,fma")]
 fn dot_q5_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (w, y) = (blocks::<BlockQ5K>(w), blocks::<BlockQ8K>(a));
-    let (nib, one) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(1));
+    let one = _mm256_set1_epi8(1);
     let mut sum = 0f32;
     for (b, yb) in w[..n / QK_K].iter().zip(y) {
         let qh = load(&b.qh);
         // As Q4_K, plus bit j of byte l of `qh` as the fifth bit of value l of sub-block j.
         sum += k4_block(b.d, b.dmin, &b.scales, yb, |j| {
-            let q = load(&b.qs[32 * (j / 2)..]);
-            let low =
-                if j % 2 == 0 { _mm256_and_si256(q, nib) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(q), nib) };
+            let low = nibbles(load(&b.qs[32 * (j / 2)..]), j % 2 == 1);
             // A 16-bit shift by j < 8 brings each byte's bit j to its bit 0.
             let bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j as i32)), one);
             _mm256_or_si256(low, _mm256_slli_epi16::<4>(bit))
@@ -127,7 +125,7 @@ fn dot_q5_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
 #[target_feature(enable = "avx2,fma")]
 fn dot_q6_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (w, y) = (blocks::<BlockQ6K>(w), blocks::<BlockQ8K>(a));
-    let (nib, three) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
+    let three = _mm256_set1_epi8(3);
     let mut sum = 0f32;
     for (b, yb) in w[..n / QK_K].iter().zip(y) {
         let mut acc = _mm256_setzero_si256();
@@ -136,11 +134,7 @@ fn dot_q6_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
             let qh = load(&b.qh[32 * half..]);
             for quarter in 0..4 {
                 let ql = if quarter % 2 == 0 { ql0 } else { ql1 };
-                let low = if quarter < 2 {
-                    _mm256_and_si256(ql, nib)
-                } else {
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql), nib)
-                };
+                let low = nibbles(ql, quarter >= 2);
                 let high = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * quarter as i32)), three);
                 let q = _mm256_or_si256(low, _mm256_slli_epi16::<4>(high));
                 let s = 8 * half + 2 * quarter;

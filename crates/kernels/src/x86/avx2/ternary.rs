@@ -7,12 +7,9 @@
 
 use std::arch::x86_64::*;
 
+use super::kquants::hsum;
 use crate::formats::ternary::BlockQ2_0;
-use crate::formats::{BlockQ8_0, blocks, f16_to_f32};
-
-fn d16(b: [u8; 2]) -> f32 {
-    f16_to_f32(u16::from_le_bytes(b))
-}
+use crate::formats::{BlockQ8_0, blocks, half as d16};
 
 /// Q2_0 row `w` · Q8_0 row `a` over `n` values.
 pub(super) fn dot_q2_0(w: &[u8], a: &[u8], n: usize) -> f32 {
@@ -47,10 +44,7 @@ fn dot_q2_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
                 _mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(x, v)),
                 _mm256_set1_epi16(1),
             );
-            let s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256::<1>(p));
-            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
-            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-            sumi += d16(yb.d) * _mm_cvtsi128_si32(s) as f32;
+            sumi += d16(yb.d) * hsum(p) as f32;
         }
         sum += d16(b.d) * sumi;
     }
