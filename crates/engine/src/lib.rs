@@ -188,14 +188,15 @@ impl Engine {
         Ok(template.render(&req)?)
     }
 
-    /// Token ids of a prompt. A rendered chat (`templated`) may contain special-token text,
-    /// which becomes the special tokens; BOS is added as the vocabulary asks, unless the text
-    /// already starts with it. Plain text is tokenized as text, with BOS as the vocabulary asks.
-    pub fn tokenize(&self, text: &str, templated: bool) -> Result<Vec<u32>, EngineError> {
+    /// Token ids of a prompt. With `special` (a rendered chat, or a raw prompt written like
+    /// one, as llama-completion and llama-server read prompts), special-token text becomes the
+    /// special tokens, and BOS is added as the vocabulary asks unless the text already starts
+    /// with it. Without, the text is tokenized as text, with BOS as the vocabulary asks.
+    pub fn tokenize(&self, text: &str, special: bool) -> Result<Vec<u32>, EngineError> {
         let specials = &self.tokenizer.vocab().specials;
         let bos_text = self.tokenizer.token_text(specials.bos);
-        let starts_with_bos = templated && !bos_text.is_empty() && text.starts_with(&bos_text);
-        let ids = self.tokenizer.encode(text, !starts_with_bos, templated)?;
+        let starts_with_bos = special && !bos_text.is_empty() && text.starts_with(&bos_text);
+        let ids = self.tokenizer.encode(text, !starts_with_bos, special)?;
         if ids.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }

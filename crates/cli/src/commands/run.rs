@@ -50,8 +50,7 @@ pub fn run(args: Args) -> Result<u8> {
     let prompt = read_prompt(&args)?;
     let constraint = args.gen_args.constraint()?;
     let (engine, scheduler) = start_engine(&args.model, &args.engine, &ui)?;
-    let templated = !args.raw && engine.has_chat_template();
-    let text = if templated {
+    let text = if !args.raw && engine.has_chat_template() {
         let mut messages = args.gen_args.system_messages();
         messages.push(onebit_engine::message("user", &prompt));
         engine.chat_prompt(&messages, &args.gen_args.chat_options())?
