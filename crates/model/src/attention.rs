@@ -30,7 +30,7 @@ const UNIT_QUERIES: usize = 64;
 /// Units with fewer queries than this read the cache where it lies rather than widening it.
 const DIRECT_QUERIES: usize = 16;
 /// Cached rows widened at a time (a multiple of the pool's block).
-const ROW_BLOCK: usize = 64;
+pub(crate) const ROW_BLOCK: usize = 64;
 const _: () = assert!(ROW_BLOCK.is_multiple_of(BLOCK_TOKENS));
 
 /// Per-thread buffers.
@@ -130,7 +130,7 @@ impl Attention<'_> {
 
         // Rows from the first one any query of the unit sees (the first token's is the
         // earliest), in whole runs of rows: each query's row of scores spans `first .. seen_all`.
-        let first = self.first_seen(self.where_[u.t0].1) / ROW_BLOCK * ROW_BLOCK;
+        let first = window_reads_from(self.window, self.where_[u.t0].1);
         let span = seen_all - first;
         sc.scores.resize(nq * span, 0.0);
         sc.rows.resize(ROW_BLOCK * d.max(dv), 0.0);
@@ -188,6 +188,13 @@ impl Attention<'_> {
             }
         }
     }
+}
+
+/// The first cached position a query at `pos` reads through a sliding window of `window`:
+/// the window's start, rounded down to a run of rows (0 without a window). A sequence whose next
+/// position is `pos` never reads a row below it again.
+pub fn window_reads_from(window: Option<usize>, pos: usize) -> usize {
+    window.map_or(0, |w| (pos + 1).saturating_sub(w)) / ROW_BLOCK * ROW_BLOCK
 }
 
 impl Attention<'_> {

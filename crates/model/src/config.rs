@@ -329,6 +329,25 @@ impl Config {
         self.sliding.as_ref().filter(|s| s.layers[layer]).map(|s| s.window)
     }
 
+    /// The window of the sliding-window layers, if any layer slides.
+    pub fn sliding_window(&self) -> Option<usize> {
+        self.sliding.as_ref().filter(|s| s.layers.contains(&true)).map(|s| s.window)
+    }
+
+    /// The first cached position the sliding-window layers read for a query at `pos` (0 when
+    /// none slides): a sequence whose next position is `pos` needs none of their keys and
+    /// values below it.
+    pub fn window_reads_from(&self, pos: usize) -> usize {
+        crate::attention::window_reads_from(self.sliding_window(), pos)
+    }
+
+    /// The most positions of one sequence that its sliding-window layers read or write while a
+    /// step adds `step` tokens (from [`Config::window_reads_from`] its first to the step's end),
+    /// or `None` when no layer slides.
+    pub fn window_span(&self, step: usize) -> Option<usize> {
+        self.sliding_window().map(|w| w + crate::attention::ROW_BLOCK + step)
+    }
+
     /// The RoPE of layer `layer` (sliding layers may have their own).
     pub fn layer_rope(&self, layer: usize) -> &RopeConfig {
         match &self.sliding {

@@ -40,6 +40,10 @@ pub struct SeqInput<'a> {
     pub tokens: &'a [u32],
     pub start: usize,
     pub blocks: &'a [u32],
+    /// The table of the sliding-window layers in a split pool ([`KvPool::new_split`]); `None`:
+    /// they use `blocks`. Its entries below [`crate::Config::window_reads_from`]`(start)` are
+    /// never read and may be [`crate::NO_BLOCK`].
+    pub window_blocks: Option<&'a [u32]>,
     pub logits: LogitsWanted,
 }
 
@@ -200,7 +204,18 @@ struct TokenQkv<'a> {
 }
 
 /// Per sequence of a batch: its block table (borrowed from the batch).
-type Tables<'a> = Vec<&'a [u32]>;
+/// Per sequence of a batch: its block table, and that of its sliding-window layers.
+struct Tables<'a> {
+    full: Vec<&'a [u32]>,
+    window: Vec<&'a [u32]>,
+}
+
+impl<'a> Tables<'a> {
+    /// The tables layer `l` reads and writes through.
+    fn of(&self, config: &Config, l: usize) -> &[&'a [u32]] {
+        if config.window(l).is_some() { &self.window } else { &self.full }
+    }
+}
 
 /// The blocks a forward pass is made of, each run by one device over the whole batch; the
 /// recipe that strings them together ([`run_blocks`]) is the same for every device (the CPU's
@@ -279,7 +294,10 @@ impl Net<'_> {
                 sc.rope_swa[t].set(&s.rope, freqs, pos);
             }
         }
-        let tables: Tables = batch.iter().map(|item| item.blocks).collect();
+        let tables = Tables {
+            full: batch.iter().map(|item| item.blocks).collect(),
+            window: batch.iter().map(|item| item.window_blocks.unwrap_or(item.blocks)).collect(),
+        };
         let mut step = CpuStep { net: self, kv, batch, tables, sc: &mut *sc, n };
         run_blocks(&mut step, self.weights.layers.len())?;
         Ok(&sc.logits)
@@ -350,6 +368,7 @@ impl Net<'_> {
     fn prepare_qkv(&self, l: usize, layer: &Layer, kv: &mut KvPool, tables: &Tables, sc: &mut Scratch, n: usize) {
         let c = self.config;
         let writer = kv.writer(l);
+        let tables = tables.of(c, l);
         let (rope, angles) = if c.window(l).is_some() { (c.layer_rope(l), &sc.rope_swa) } else { (&c.rope, &sc.rope) };
         let mut tokens: Vec<TokenQkv> = sc.q[..n * c.q_dim()]
             .chunks_exact_mut(c.q_dim())
@@ -402,7 +421,7 @@ impl Net<'_> {
             layer: l,
             window: self.config.window(l),
             kv,
-            tables,
+            tables: tables.of(self.config, l),
             where_: &sc.where_[..n],
         };
         let q = &mut sc.q[..n * self.config.q_dim()];
@@ -555,15 +574,10 @@ pub(crate) fn check_batch(config: &Config, kv: &KvPool, batch: &[SeqInput]) -> R
             return Err(ModelError::TokenOutOfRange { id, vocab });
         }
         let end = item.start + item.tokens.len();
-        if item.blocks.len() < end.div_ceil(BLOCK_TOKENS) {
-            return Err(ModelError::BadBatch(format!(
-                "a block table of {} blocks does not reach position {}",
-                item.blocks.len(),
-                end - 1
-            )));
-        }
-        if let Some(&b) = item.blocks.iter().find(|&&b| b as usize >= kv.n_blocks()) {
-            return Err(ModelError::BadBatch(format!("block {b} is outside the pool of {}", kv.n_blocks())));
+        check_table(item.blocks, 0..end, kv.n_blocks())?;
+        if config.sliding_window().is_some() {
+            let table = item.window_blocks.unwrap_or(item.blocks);
+            check_table(table, config.window_reads_from(item.start)..end, kv.n_window_blocks())?;
         }
         n += item.tokens.len();
     }
@@ -571,6 +585,23 @@ pub(crate) fn check_batch(config: &Config, kv: &KvPool, batch: &[SeqInput]) -> R
         return Err(ModelError::BadBatch("the batch is empty".into()));
     }
     Ok(n)
+}
+
+/// Check that a block table holds blocks of a pool of `n_blocks` for positions `needed`
+/// (those it reads or writes; entries below may be [`crate::NO_BLOCK`]).
+fn check_table(table: &[u32], needed: std::ops::Range<usize>, n_blocks: usize) -> Result<(), ModelError> {
+    let (first, end) = (needed.start / BLOCK_TOKENS, needed.end.div_ceil(BLOCK_TOKENS));
+    if table.len() < end {
+        return Err(ModelError::BadBatch(format!(
+            "a block table of {} blocks does not reach position {}",
+            table.len(),
+            needed.end - 1
+        )));
+    }
+    if let Some(&b) = table[first..].iter().find(|&&b| b as usize >= n_blocks) {
+        return Err(ModelError::BadBatch(format!("block {b} is outside the pool of {n_blocks}")));
+    }
+    Ok(())
 }
 
 /// The rows a batch wants logits for: (sequence, token within it, token within the batch).

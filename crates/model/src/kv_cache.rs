@@ -18,6 +18,12 @@
 //! values, about half the bytes of f16 for attention to read; quantized the way llama.cpp's
 //! CPU backend quantizes a Q8_0 cache).
 //!
+//! A model with sliding-window layers (Gemma 3) may keep those layers in a part of the pool with
+//! blocks of its own ([`KvPool::new_split`]): a sequence then has a second table for them, whose
+//! blocks below what the window still reads ([`Config::window_reads_from`]) are given back as
+//! it advances ([`NO_BLOCK`] in their place), so that a long context holds only its global
+//! layers' keys and values in full.
+//!
 //! [`KvCache`] is the simple form for one sequence alone: a private pool and its table.
 
 use std::str::FromStr;
@@ -32,6 +38,9 @@ use crate::error::ModelError;
 
 /// Positions per block.
 pub const BLOCK_TOKENS: usize = 16;
+
+/// A window table's entry for a block given back (below what the window layers still read).
+pub const NO_BLOCK: u32 = u32::MAX;
 
 /// Blocks per superblock (see the module's notes on storage).
 pub(crate) const SUPER_BLOCKS: usize = 64;
@@ -117,14 +126,26 @@ const Q8_BLOCK_BYTES: usize = std::mem::size_of::<BlockQ8_0>();
 /// sequences decode cost one fault per 2 MiB rather than one per 4 KiB.
 pub struct KvPool {
     buf: Storage,
-    /// Bytes of one layer's keys, and of its values.
-    k_bytes: usize,
-    v_bytes: usize,
+    layers: Vec<LayerStore>,
     n_blocks: usize,
+    /// Blocks of the sliding-window layers (`n_blocks` in a pool that is not split).
+    n_window_blocks: usize,
     n_kv_heads: usize,
     head_dim: usize,
     value_dim: usize,
     kv_type: KvType,
+}
+
+/// Where one layer's keys and values lie in a pool, and how many blocks they have.
+#[derive(Clone, Copy, Debug)]
+struct LayerStore {
+    /// Byte offset of the keys; the values follow them.
+    at: usize,
+    k_bytes: usize,
+    v_bytes: usize,
+    n_blocks: usize,
+    /// A sliding-window layer's (read through the window tables).
+    sliding: bool,
 }
 
 /// Where a pool's bytes live.
@@ -146,74 +167,101 @@ impl Storage {
 
 impl std::fmt::Debug for KvPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "KvPool({} blocks of {BLOCK_TOKENS}, {})", self.n_blocks, self.kv_type)
+        write!(f, "KvPool({} blocks of {BLOCK_TOKENS}", self.n_blocks)?;
+        if self.n_window_blocks != self.n_blocks {
+            write!(f, ", {} for the window layers", self.n_window_blocks)?;
+        }
+        write!(f, ", {})", self.kv_type)
     }
 }
 
-/// A host pool's zeroed bytes: `n_layers` regions of keys then values. Huge pages except for
-/// each region's first superblock: a sequence's first token writes one row into it per layer
-/// and head, which with huge pages would fault in (and zero) 2 MiB per layer and kind at once,
-/// a large part of a first token's time. Attention over long contexts reads the rest in long
-/// runs, where huge pages save TLB misses.
-fn host_arena(total: usize, n_layers: usize, sizes: [usize; 2], n_blocks: usize) -> Option<Arena> {
+/// A host pool's zeroed bytes: per layer, a region of keys then one of values. Huge pages
+/// except for each region's first superblock: a sequence's first token writes one row into it
+/// per layer and head, which with huge pages would fault in (and zero) 2 MiB per layer and kind
+/// at once, a large part of a first token's time. Attention over long contexts reads the rest
+/// in long runs, where huge pages save TLB misses.
+fn host_arena(total: usize, layers: &[LayerStore]) -> Option<Arena> {
     let arena = Arena::try_zeroed_paged(total, false)?;
-    let first = SUPER_BLOCKS.min(n_blocks);
-    let mut at = 0;
-    for _ in 0..n_layers {
-        for size in sizes {
-            arena.advise_huge(at + size / n_blocks.max(1) * first..at + size);
-            at += size;
+    for l in layers {
+        let first = SUPER_BLOCKS.min(l.n_blocks);
+        for (at, size) in [(l.at, l.k_bytes), (l.at + l.k_bytes, l.v_bytes)] {
+            arena.advise_huge(at + size / l.n_blocks.max(1) * first..at + size);
         }
     }
     Some(arena)
 }
 
 impl KvPool {
-    /// Bytes one block takes for `config`'s model.
-    pub fn block_bytes(config: &Config, kv_type: KvType) -> usize {
-        let per_layer = config.n_kv_heads * BLOCK_TOKENS * (config.head_dim + config.value_dim);
-        config.n_layers * kv_type.bytes(per_layer)
+    /// Bytes a pool of `n_blocks` blocks (and `n_window_blocks` for the sliding-window layers,
+    /// as [`KvPool::new_split`] takes them) takes for `config`'s model.
+    pub fn bytes_for(config: &Config, kv_type: KvType, n_blocks: usize, n_window_blocks: usize) -> u128 {
+        let per_layer = kv_type.bytes(config.n_kv_heads * BLOCK_TOKENS * (config.head_dim + config.value_dim));
+        (0..config.n_layers)
+            .map(|l| per_layer as u128 * if config.window(l).is_some() { n_window_blocks } else { n_blocks } as u128)
+            .sum()
     }
 
     /// A pool of `n_blocks` blocks. The memory is reserved, not touched: it becomes resident
     /// as blocks are written. Fails (rather than aborting) when it cannot be reserved.
     pub fn new(config: &Config, n_blocks: usize, kv_type: KvType) -> Result<KvPool, ModelError> {
-        KvPool::new_on(config, n_blocks, kv_type, None)
+        KvPool::new_on(config, [n_blocks; 2], kv_type, None)
     }
 
-    /// A pool in host memory, or (with `gpu`) in that device's memory.
-    pub(crate) fn new_on(
+    /// A pool of `n_blocks` blocks for the layers that attend to every position, and
+    /// `n_window_blocks` of their own for the sliding-window layers: sequences then give the
+    /// latter a table of their own ([`crate::SeqInput::window_blocks`]).
+    pub fn new_split(
         config: &Config,
         n_blocks: usize,
+        n_window_blocks: usize,
+        kv_type: KvType,
+    ) -> Result<KvPool, ModelError> {
+        KvPool::new_on(config, [n_blocks, n_window_blocks], kv_type, None)
+    }
+
+    /// A pool in host memory, or (with `gpu`, not split) in that device's memory; `blocks`:
+    /// the blocks of the global layers and those of the sliding-window layers.
+    pub(crate) fn new_on(
+        config: &Config,
+        blocks: [usize; 2],
         kv_type: KvType,
         gpu: Option<&onebit_cuda::Gpu>,
     ) -> Result<KvPool, ModelError> {
         kv_type.check(config)?;
+        let [n_blocks, n_window_blocks] = blocks;
         let too_big = || ModelError::OutOfMemory {
             what: format!("a KV cache of {n_blocks} blocks of {BLOCK_TOKENS} positions"),
-            bytes: (n_blocks as u128 * KvPool::block_bytes(config, kv_type) as u128).min(u64::MAX as u128) as u64,
+            bytes: KvPool::bytes_for(config, kv_type, n_blocks, n_window_blocks).min(u64::MAX as u128) as u64,
         };
-        let layer = |dim: usize| {
-            (config.n_kv_heads * BLOCK_TOKENS * dim).checked_mul(n_blocks).map(|n| kv_type.bytes(n)).ok_or_else(too_big)
+        let bytes = |dim: usize, n: usize| {
+            (config.n_kv_heads * BLOCK_TOKENS * dim).checked_mul(n).map(|n| kv_type.bytes(n)).ok_or_else(too_big)
         };
-        let (k_bytes, v_bytes) = (layer(config.head_dim)?, layer(config.value_dim)?);
-        let total = (k_bytes + v_bytes).checked_mul(config.n_layers).ok_or_else(too_big)?;
+        let mut layers = Vec::with_capacity(config.n_layers);
+        let mut total = 0usize;
+        for l in 0..config.n_layers {
+            let sliding = config.window(l).is_some();
+            let n = if sliding { n_window_blocks } else { n_blocks };
+            let (k_bytes, v_bytes) = (bytes(config.head_dim, n)?, bytes(config.value_dim, n)?);
+            layers.push(LayerStore { at: total, k_bytes, v_bytes, n_blocks: n, sliding });
+            total = total.checked_add(k_bytes + v_bytes).ok_or_else(too_big)?;
+        }
         let buf = match gpu {
-            None => {
-                Storage::Host(host_arena(total, config.n_layers, [k_bytes, v_bytes], n_blocks).ok_or_else(too_big)?)
-            }
+            None => Storage::Host(host_arena(total, &layers).ok_or_else(too_big)?),
             Some(gpu) => {
                 if kv_type == KvType::Q8_0 {
                     return Err(ModelError::Unsupported("a q8_0 KV cache on the GPU (use f16 or f32)".into()));
+                }
+                if n_window_blocks != n_blocks {
+                    return Err(ModelError::Unsupported("a split KV pool on the GPU".into()));
                 }
                 Storage::Device(gpu.zeros::<u8>(total).map_err(|_| too_big())?)
             }
         };
         Ok(KvPool {
             buf,
-            k_bytes,
-            v_bytes,
+            layers,
             n_blocks,
+            n_window_blocks,
             n_kv_heads: config.n_kv_heads,
             head_dim: config.head_dim,
             value_dim: config.value_dim,
@@ -223,6 +271,11 @@ impl KvPool {
 
     pub fn n_blocks(&self) -> usize {
         self.n_blocks
+    }
+
+    /// Blocks of the sliding-window layers (as many as [`KvPool::n_blocks`] unless split).
+    pub fn n_window_blocks(&self) -> usize {
+        self.n_window_blocks
     }
 
     pub fn kv_type(&self) -> KvType {
@@ -257,12 +310,13 @@ impl KvPool {
 
     /// Byte offset of layer `layer`'s keys (or values).
     fn layer_at(&self, layer: usize, values: bool) -> usize {
-        layer * (self.k_bytes + self.v_bytes) + if values { self.k_bytes } else { 0 }
+        let l = &self.layers[layer];
+        l.at + if values { l.k_bytes } else { 0 }
     }
 
-    /// Value offset of `slot` of kv head `head` in `block`, for rows of `width`.
-    fn offset(&self, block: usize, head: usize, slot: usize, width: usize) -> usize {
-        row_index(self.n_blocks, self.n_kv_heads, block, head, slot) * width
+    /// Value offset of `slot` of kv head `head` in `block` of layer `layer`, for rows of `width`.
+    fn offset(&self, layer: usize, block: usize, head: usize, slot: usize, width: usize) -> usize {
+        row_index(self.layers[layer].n_blocks, self.n_kv_heads, block, head, slot) * width
     }
 
     /// `n` values from value offset `at` of the store starting at byte `base`.
@@ -278,19 +332,20 @@ impl KvPool {
         }
     }
 
-    /// Every layer's key and value bytes at position `pos` of the sequence whose block table is
-    /// `blocks`, as stored (for comparing caches bit for bit). Empty for a pool on a GPU.
-    pub fn position_bytes(&self, blocks: &[u32], pos: usize) -> Vec<u8> {
+    /// Every layer's key and value bytes at position `pos` of the sequence whose block tables
+    /// are `blocks` and (for the sliding-window layers) `window_blocks`, as stored (for comparing
+    /// caches bit for bit). Empty for a pool on a GPU.
+    pub fn position_bytes(&self, blocks: &[u32], window_blocks: &[u32], pos: usize) -> Vec<u8> {
         if self.on_device() {
             return Vec::new();
         }
-        let (block, slot) = (blocks[pos / BLOCK_TOKENS] as usize, pos % BLOCK_TOKENS);
-        let n_layers = self.buf.len().checked_div(self.k_bytes + self.v_bytes).unwrap_or(0);
         let mut out = Vec::new();
-        for layer in 0..n_layers {
+        for (layer, store) in self.layers.iter().enumerate() {
+            let table = if store.sliding { window_blocks } else { blocks };
+            let (block, slot) = (table[pos / BLOCK_TOKENS] as usize, pos % BLOCK_TOKENS);
             for head in 0..self.n_kv_heads {
                 for (values, width) in [(false, self.head_dim), (true, self.value_dim)] {
-                    let at = self.offset(block, head, slot, width);
+                    let at = self.offset(layer, block, head, slot, width);
                     match self.view(self.layer_at(layer, values), at, width) {
                         KvRow::F16(r) => out.extend_from_slice(bytemuck::cast_slice(r)),
                         KvRow::F32(r) => out.extend_from_slice(bytemuck::cast_slice(r)),
@@ -305,7 +360,7 @@ impl KvPool {
     /// A handle that writes layer `layer`'s keys and values of several positions at once, from
     /// several threads (each position is one (block, slot), written by one thread).
     pub(crate) fn writer(&mut self, layer: usize) -> KvWriter<'_> {
-        let (ko, k_bytes, v_bytes) = (self.layer_at(layer, false), self.k_bytes, self.v_bytes);
+        let LayerStore { at: ko, k_bytes, v_bytes, n_blocks, .. } = self.layers[layer];
         let (n_kv_heads, head_dim, value_dim, kv_type) = (self.n_kv_heads, self.head_dim, self.value_dim, self.kv_type);
         let Storage::Host(host) = &mut self.buf else { panic!("host access to a KV pool on the GPU") };
         let (keys, values) = host.bytes_mut()[ko..ko + k_bytes + v_bytes].split_at_mut(k_bytes);
@@ -314,7 +369,7 @@ impl KvPool {
         KvWriter {
             keys: DisjointRows::new(keys, kv_type.bytes(head_dim)),
             values: DisjointRows::new(values, kv_type.bytes(value_dim)),
-            n_blocks: self.n_blocks,
+            n_blocks,
             n_kv_heads,
             head_dim,
             value_dim,
@@ -324,21 +379,22 @@ impl KvPool {
 
     /// The keys of kv head `head` for every position of `block`.
     pub(crate) fn keys(&self, layer: usize, block: usize, head: usize) -> KvRow<'_> {
-        let o = self.offset(block, head, 0, self.head_dim);
+        let o = self.offset(layer, block, head, 0, self.head_dim);
         self.view(self.layer_at(layer, false), o, BLOCK_TOKENS * self.head_dim)
     }
 
     pub(crate) fn values(&self, layer: usize, block: usize, head: usize) -> KvRow<'_> {
-        let o = self.offset(block, head, 0, self.value_dim);
+        let o = self.offset(layer, block, head, 0, self.value_dim);
         self.view(self.layer_at(layer, true), o, BLOCK_TOKENS * self.value_dim)
     }
 
     /// The keys (or values) of kv head `head` for every position of blocks `block ..
     /// block + n` in one run: they must lie in one superblock.
     pub(crate) fn run(&self, layer: usize, values: bool, block: usize, n: usize, head: usize) -> KvRow<'_> {
-        assert!(n > 0 && block / SUPER_BLOCKS == (block + n - 1) / SUPER_BLOCKS && block + n <= self.n_blocks);
+        let n_blocks = self.layers[layer].n_blocks;
+        assert!(n > 0 && block / SUPER_BLOCKS == (block + n - 1) / SUPER_BLOCKS && block + n <= n_blocks);
         let width = if values { self.value_dim } else { self.head_dim };
-        let o = self.offset(block, head, 0, width);
+        let o = self.offset(layer, block, head, 0, width);
         self.view(self.layer_at(layer, values), o, n * BLOCK_TOKENS * width)
     }
 }
@@ -437,7 +493,7 @@ impl KvCache {
     /// Every layer's key and value bytes at position `pos` (< `len()`), as stored.
     pub fn position_bytes(&self, pos: usize) -> Vec<u8> {
         assert!(pos < self.len, "position {pos} is not in the cache ({} positions)", self.len);
-        self.pool.position_bytes(&self.blocks, pos)
+        self.pool.position_bytes(&self.blocks, &self.blocks, pos)
     }
 
     /// Forget positions from `len` on (to reuse a shared prefix, or reject a draft).

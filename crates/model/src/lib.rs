@@ -35,10 +35,11 @@ use std::path::{Path, PathBuf};
 use onebit_gguf::GgufModel;
 use onebit_kernels::{BatchRounding, KernelTier, Kernels, Pool};
 
+pub use attention::window_reads_from;
 pub use config::{Arch, Config, MoeConfig};
 pub use error::{ModelError, human_bytes};
 pub use forward::{Logits, LogitsWanted, Scratch, SeqInput};
-pub use kv_cache::{BLOCK_TOKENS, KvCache, KvPool, KvType};
+pub use kv_cache::{BLOCK_TOKENS, KvCache, KvPool, KvType, NO_BLOCK};
 pub use lora::{LoraAdapter, LoraUse};
 pub use onebit_cuda::CudaError;
 
@@ -240,7 +241,13 @@ impl Model {
 
     /// A pool of `n_blocks` blocks for many sequences (see [`KvPool`]).
     pub fn new_pool(&self, n_blocks: usize) -> Result<KvPool, ModelError> {
-        KvPool::new_on(&self.config, n_blocks, self.kv_type, self.cuda.as_ref().map(|c| &**c.gpu()))
+        KvPool::new_on(&self.config, [n_blocks; 2], self.kv_type, self.cuda.as_ref().map(|c| &**c.gpu()))
+    }
+
+    /// A pool whose sliding-window layers have `n_window_blocks` blocks of their own (see
+    /// [`KvPool::new_split`]).
+    pub fn new_split_pool(&self, n_blocks: usize, n_window_blocks: usize) -> Result<KvPool, ModelError> {
+        KvPool::new_on(&self.config, [n_blocks, n_window_blocks], self.kv_type, self.cuda.as_ref().map(|c| &**c.gpu()))
     }
 
     /// Run a batch on `pool`'s threads: write each sequence's new keys and values into `kv`
@@ -313,7 +320,7 @@ impl Model {
         scratch: &'s mut Scratch,
     ) -> Result<&'s Logits, ModelError> {
         cache.check_room(tokens.len())?;
-        let input = SeqInput { tokens, start: cache.len(), blocks: &cache.blocks, logits };
+        let input = SeqInput { tokens, start: cache.len(), blocks: &cache.blocks, window_blocks: None, logits };
         let out = self.forward_adapted(pool, &mut cache.pool, &[input], &[lora], scratch)?;
         cache.advance(tokens.len());
         Ok(out)

@@ -35,8 +35,8 @@ fn sequences_in_one_batch_match_sequences_alone() {
             &pool,
             &mut kv,
             &[
-                SeqInput { tokens: &a, start: 0, blocks: &ta, logits: LogitsWanted::All },
-                SeqInput { tokens: &b, start: 0, blocks: &tb, logits: LogitsWanted::All },
+                SeqInput { tokens: &a, start: 0, blocks: &ta, window_blocks: None, logits: LogitsWanted::All },
+                SeqInput { tokens: &b, start: 0, blocks: &tb, window_blocks: None, logits: LogitsWanted::All },
             ],
             &mut sc,
         )
@@ -53,8 +53,8 @@ fn sequences_in_one_batch_match_sequences_alone() {
             &pool,
             &mut kv,
             &[
-                SeqInput { tokens: &[99], start: a.len(), blocks: &ta, logits: LogitsWanted::Last },
-                SeqInput { tokens: &[98], start: b.len(), blocks: &tb, logits: LogitsWanted::Last },
+                SeqInput { tokens: &[99], start: a.len(), blocks: &ta, window_blocks: None, logits: LogitsWanted::Last },
+                SeqInput { tokens: &[98], start: b.len(), blocks: &tb, window_blocks: None, logits: LogitsWanted::Last },
             ],
             &mut sc,
         )
@@ -75,7 +75,7 @@ fn sequences_share_the_blocks_of_a_common_prefix() {
     m.forward(
         &pool,
         &mut kv,
-        &[SeqInput { tokens: &prefix, start: 0, blocks: &[3, 1], logits: LogitsWanted::None }],
+        &[SeqInput { tokens: &prefix, start: 0, blocks: &[3, 1], window_blocks: None, logits: LogitsWanted::None }],
         &mut sc,
     )
     .unwrap();
@@ -86,8 +86,8 @@ fn sequences_share_the_blocks_of_a_common_prefix() {
             &pool,
             &mut kv,
             &[
-                SeqInput { tokens: &[5, 6], start: prefix.len(), blocks: &ta, logits: LogitsWanted::Last },
-                SeqInput { tokens: &[9], start: prefix.len(), blocks: &tb, logits: LogitsWanted::Last },
+                SeqInput { tokens: &[5, 6], start: prefix.len(), blocks: &ta, window_blocks: None, logits: LogitsWanted::Last },
+                SeqInput { tokens: &[9], start: prefix.len(), blocks: &tb, window_blocks: None, logits: LogitsWanted::Last },
             ],
             &mut sc,
         )
@@ -150,10 +150,10 @@ fn a_full_context_bad_tokens_and_bad_tables_are_errors() {
     assert!(matches!(e, ModelError::TokenOutOfRange { .. }), "{e}");
 
     let mut kv = m.new_pool(2).unwrap();
-    let short = SeqInput { tokens: &[1; 17], start: 0, blocks: &[0], logits: LogitsWanted::Last };
+    let short = SeqInput { tokens: &[1; 17], start: 0, blocks: &[0], window_blocks: None, logits: LogitsWanted::Last };
     let e = m.forward(&pool, &mut kv, &[short], &mut sc).unwrap_err();
     assert!(e.to_string().contains("does not reach position 16"), "{e}");
-    let outside = SeqInput { tokens: &[1], start: 0, blocks: &[9], logits: LogitsWanted::Last };
+    let outside = SeqInput { tokens: &[1], start: 0, blocks: &[9], window_blocks: None, logits: LogitsWanted::Last };
     let e = m.forward(&pool, &mut kv, &[outside], &mut sc).unwrap_err();
     assert!(e.to_string().contains("outside the pool"), "{e}");
 }
@@ -182,8 +182,8 @@ fn every_cache_type_reads_through_block_tables() {
                 &pool,
                 &mut kv,
                 &[
-                    SeqInput { tokens: &a, start: 0, blocks: &ta, logits: LogitsWanted::Last },
-                    SeqInput { tokens: &b, start: 0, blocks: &tb, logits: LogitsWanted::Last },
+                    SeqInput { tokens: &a, start: 0, blocks: &ta, window_blocks: None, logits: LogitsWanted::Last },
+                    SeqInput { tokens: &b, start: 0, blocks: &tb, window_blocks: None, logits: LogitsWanted::Last },
                 ],
                 &mut sc,
             )

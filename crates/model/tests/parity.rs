@@ -119,7 +119,7 @@ fn check_together(fx: &Value, model: &Model, name: &str) {
     let batch: Vec<SeqInput> = prompts
         .iter()
         .zip(&tables)
-        .map(|(p, t)| SeqInput { tokens: p, start: 0, blocks: t, logits: LogitsWanted::All })
+        .map(|(p, t)| SeqInput { tokens: p, start: 0, blocks: t, window_blocks: None, logits: LogitsWanted::All })
         .collect();
     let mut scratch = Scratch::new();
     let logits = model.forward(&Pool::new(2), &mut kv, &batch, &mut scratch).unwrap();

@@ -134,7 +134,7 @@ fn sequences_with_different_adapters_share_a_batch() {
         let batch: Vec<SeqInput> = prompts
             .iter()
             .zip(&tables)
-            .map(|(p, t)| SeqInput { tokens: p, start: 0, blocks: t, logits: LogitsWanted::All })
+            .map(|(p, t)| SeqInput { tokens: p, start: 0, blocks: t, window_blocks: None, logits: LogitsWanted::All })
             .collect();
         let lora: Vec<&[LoraUse]> = (0..batch.len()).map(|i| sets[i % 3]).collect();
         let mut scratch = Scratch::new();

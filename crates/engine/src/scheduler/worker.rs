@@ -19,7 +19,7 @@ use onebit_model::{BLOCK_TOKENS, KvPool, LogitsWanted, LoraUse, Scratch, SeqInpu
 use super::draft::{self, Drafter};
 use super::sequence::{After, Sequence};
 use super::{Command, SchedulerConfig, SchedulerStats, Shared};
-use crate::blocks::BlockManager;
+use crate::blocks::KvBlocks;
 use crate::constraint::{ConstraintState, apply_mask};
 use crate::request::FinishReason;
 use crate::sampling::{self, Candidate, TokenLogprobs};
@@ -33,7 +33,7 @@ pub(super) struct Worker {
     engine: Arc<Engine>,
     pool: Pool,
     kv: KvPool,
-    blocks: BlockManager,
+    blocks: KvBlocks,
     scratch: Scratch,
     /// Per pool thread: the sampler's vocabulary-sized work space.
     work: PerThread<DrawSpace>,
@@ -79,12 +79,12 @@ impl Worker {
         engine: Arc<Engine>,
         pool: Pool,
         kv: KvPool,
+        blocks: KvBlocks,
         drafter: Option<Drafter>,
         config: SchedulerConfig,
         rx: Receiver<Command>,
         shared: Arc<Shared>,
     ) -> Worker {
-        let blocks = BlockManager::new(kv.n_blocks(), BLOCK_TOKENS);
         let work = PerThread::new(pool.n_threads(), DrawSpace::default);
         Worker {
             engine,
@@ -156,10 +156,12 @@ impl Worker {
         match cmd {
             Command::Submit(seq) => self.waiting.push_back(*seq),
             Command::Stats(reply) => {
+                let (blocks, window_blocks) = self.blocks.counts();
                 let _ = reply.send(SchedulerStats {
                     running: self.running.len(),
                     waiting: self.waiting.len(),
-                    blocks: self.blocks.counts(),
+                    blocks,
+                    window_blocks,
                     ..self.stats
                 });
             }
@@ -167,13 +169,12 @@ impl Worker {
                 let _ = reply.send(self.running.iter().map(Sequence::info).collect());
             }
             Command::CheckBlocks(reply) => {
-                let mut refs = vec![0u32; self.kv.n_blocks()];
-                for s in &self.running {
-                    s.blocks.iter().for_each(|&b| refs[b as usize] += 1);
-                }
-                let held = self.waiting.iter().any(|s| !s.blocks.is_empty());
-                let result =
-                    if held { Err("a waiting sequence holds blocks".into()) } else { self.blocks.check(&refs) };
+                let held = self.waiting.iter().any(|s| !s.table.is_empty());
+                let result = if held {
+                    Err("a waiting sequence holds blocks".into())
+                } else {
+                    self.blocks.check(self.running.iter().map(|s| &s.table))
+                };
                 let _ = reply.send(result);
             }
             Command::ClearCache => self.blocks.clear_cache(),
@@ -215,20 +216,13 @@ impl Worker {
             let total = seq.tokens.len();
             // The block holding the last token is always computed (it needs logits), so a
             // sequence never writes into a block it shares.
-            let root = self.blocks.root(&seq.lora);
-            let found = self.blocks.find_prefix(root, &seq.tokens, (total - 1) / b);
-            let idle = found.iter().filter(|&&(block, _)| self.blocks.is_idle(block)).count();
-            let need = total.div_ceil(b) - found.len();
-            if self.blocks.available() < idle + need + self.running.len() {
+            let found = self.blocks.find(&seq.lora, &seq.tokens, (total - 1) / b);
+            if !self.blocks.can_take(&found, total, self.running.len()) {
                 return;
             }
             let mut seq = self.waiting.pop_front().expect("a front");
-            found.iter().for_each(|&(block, _)| self.blocks.acquire(block));
-            seq.blocks = found.iter().map(|&(block, _)| block).collect();
-            seq.n_registered = found.len();
-            seq.root = root;
-            seq.chain = found.last().map_or(root, |&(_, node)| node);
             seq.n_computed = found.len() * b;
+            seq.table = self.blocks.take(found);
             let cached = seq.n_computed;
             seq.admitted(cached);
             self.running.push(seq);
@@ -255,27 +249,17 @@ impl Worker {
     fn plan(&mut self) -> Plan {
         loop {
             let plan = self.budget();
-            let need: usize = plan
-                .iter()
-                .map(|&(i, n)| {
-                    let s = &self.running[i];
-                    (s.n_computed + n).div_ceil(BLOCK_TOKENS).saturating_sub(s.blocks.len())
-                })
-                .sum();
+            let need: usize = plan.iter().map(|&(i, n)| self.running[i].table.need(self.running[i].n_computed + n)).sum();
             if need <= self.blocks.available() {
                 for &(i, n) in &plan {
                     let s = &mut self.running[i];
-                    while s.blocks.len() * BLOCK_TOKENS < s.n_computed + n {
-                        s.blocks.push(self.blocks.allocate().expect("counted as available"));
-                    }
+                    self.blocks.grow(&mut s.table, s.n_computed + n);
                 }
                 return plan;
             }
             let Some(mut victim) = self.running.pop() else { return Vec::new() };
             self.release_blocks(&mut victim);
             victim.n_computed = 0;
-            victim.n_registered = 0;
-            victim.chain = victim.root;
             self.waiting.push_front(victim);
             self.stats.preemptions += 1;
         }
@@ -340,7 +324,8 @@ impl Worker {
                 SeqInput {
                     tokens: &s.tokens[s.n_computed..end],
                     start: s.n_computed,
-                    blocks: &s.blocks,
+                    blocks: &s.table.full,
+                    window_blocks: s.table.window.as_deref(),
                     logits: if s.n_draft > 0 {
                         LogitsWanted::All
                     } else if end == s.tokens.len() {
@@ -380,7 +365,7 @@ impl Worker {
             s.n_computed += n - s.n_draft;
             drafts.push(s.tokens.split_off(s.tokens.len() - s.n_draft));
             stats.tokens_computed += n as u64;
-            register_full_blocks(blocks, s);
+            blocks.advance(&mut s.table, &s.tokens, s.n_computed);
             s.note_prefilled();
         }
 
@@ -449,12 +434,9 @@ impl Worker {
         seq.finish(reason);
     }
 
-    /// Release a sequence's blocks, last first: when they are equally old in the prefix
-    /// cache, the deeper ones are evicted first.
+    /// Release a sequence's blocks (and its draft model's).
     fn release_blocks(&mut self, seq: &mut Sequence) {
-        while let Some(b) = seq.blocks.pop() {
-            self.blocks.release(b);
-        }
+        self.blocks.release(&mut seq.table);
         if let Some(d) = self.drafter.as_mut() {
             d.release(seq);
         }
@@ -481,16 +463,6 @@ impl Worker {
     }
 }
 
-/// Put every block of `s` that is now full of computed tokens into the prefix cache.
-fn register_full_blocks(blocks: &mut BlockManager, s: &mut Sequence) {
-    let b = BLOCK_TOKENS;
-    while (s.n_registered + 1) * b <= s.n_computed {
-        let i = s.n_registered;
-        s.chain = blocks.register(s.blocks[i], s.chain, &s.tokens[i * b..(i + 1) * b]);
-        s.n_registered += 1;
-    }
-}
-
 /// Take a sequence's drawn tokens: with a draft, the kept drafted tokens (now in the cache) and
 /// the one drawn after them; learn from how the draft, or the lookup's guess, fared.
 fn push_verified(
@@ -498,7 +470,7 @@ fn push_verified(
     tokens: Vec<(u32, Option<TokenLogprobs>)>,
     tok: &onebit_tokenizer::Tokenizer,
     ctx: usize,
-    blocks: &mut BlockManager,
+    blocks: &mut KvBlocks,
     stats: &mut SchedulerStats,
 ) -> After {
     let k = std::mem::take(&mut s.n_draft);
@@ -527,7 +499,7 @@ fn push_verified(
     }
     // The draft cache keeps what the target kept.
     s.draft_computed = s.draft_computed.min(s.n_computed);
-    register_full_blocks(blocks, s);
+    blocks.advance(&mut s.table, &s.tokens, s.n_computed);
     After::Continue
 }
 

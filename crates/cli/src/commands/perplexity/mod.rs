@@ -138,6 +138,7 @@ impl Eval<'_> {
                         tokens: &inputs[s][piece.clone()],
                         start: piece.start,
                         blocks: &tables[s],
+                        window_blocks: None,
                         logits,
                     })
                     .collect();

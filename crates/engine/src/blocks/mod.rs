@@ -11,24 +11,39 @@
 //!
 //! Content ids ("nodes") are never reused, so a block keyed under an evicted parent can no
 //! longer be found; it ages out of the cache like any other.
+//!
+//! The blocks of a split pool's sliding-window layers have a manager of their own, whose cached
+//! blocks are keyed by the node of the content they hold ([`table`]).
+
+mod table;
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::Hash;
+
+pub(crate) use table::{KvBlocks, Table, WindowPart};
 
 /// A full block's content: its parent's node (0 at the start of a sequence) and its tokens.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct BlockKey {
+pub(crate) struct BlockKey {
     parent: u64,
     tokens: Box<[u32]>,
 }
 
-#[derive(Clone, Debug, Default)]
-struct Meta {
+#[derive(Clone, Debug)]
+struct Meta<K> {
     refs: u32,
     /// Set while the block is in the prefix cache.
-    key: Option<BlockKey>,
+    key: Option<K>,
+    /// The content node of a cached block keyed by [`BlockKey`].
     node: u64,
     /// When it was last released (its place in the eviction order while cached and unused).
     tick: u64,
+}
+
+impl<K> Default for Meta<K> {
+    fn default() -> Self {
+        Meta { refs: 0, key: None, node: 0, tick: 0 }
+    }
 }
 
 /// Counts of blocks by state.
@@ -43,15 +58,16 @@ pub struct BlockCounts {
     pub cached: usize,
 }
 
-/// The states of the pool's blocks and the prefix cache's index.
-pub(crate) struct BlockManager {
+/// The states of the pool's blocks and the prefix cache's index (keyed by content: a block's
+/// parent and tokens, or for a window block the node of its content).
+pub(crate) struct BlockManager<K = BlockKey> {
     block_tokens: usize,
-    meta: Vec<Meta>,
+    meta: Vec<Meta<K>>,
     /// Free blocks, lowest on top: a lightly used pool stays in few pages.
     free: Vec<u32>,
     /// Cached blocks with no references, by `tick` (oldest first).
     idle: BTreeMap<u64, u32>,
-    index: HashMap<BlockKey, u32>,
+    index: HashMap<K, u32>,
     tick: u64,
     next_node: u64,
     /// The content node a sequence starts from, per LoRA adapter set (the empty set: 0):
@@ -59,8 +75,8 @@ pub(crate) struct BlockManager {
     roots: HashMap<Vec<(usize, u32)>, u64>,
 }
 
-impl BlockManager {
-    pub fn new(n_blocks: usize, block_tokens: usize) -> BlockManager {
+impl<K: Clone + Eq + Hash> BlockManager<K> {
+    pub fn new(n_blocks: usize, block_tokens: usize) -> BlockManager<K> {
         BlockManager {
             block_tokens,
             meta: vec![Meta::default(); n_blocks],
@@ -78,31 +94,22 @@ impl BlockManager {
         self.free.len() + self.idle.len()
     }
 
-    /// The node the content of a sequence with adapters `lora` starts from.
-    pub fn root(&mut self, lora: &[onebit_model::LoraUse]) -> u64 {
-        if lora.is_empty() {
-            return 0;
-        }
-        let key = lora.iter().map(|u| (u.id, u.scale.to_bits())).collect();
-        *self.roots.entry(key).or_insert_with(|| {
-            self.next_node += 1;
-            self.next_node - 1
-        })
+    /// The cached block holding the content `key`.
+    pub fn get(&self, key: &K) -> Option<u32> {
+        self.index.get(key).copied()
     }
 
-    /// The cached blocks holding the longest prefix of `tokens` made of whole blocks after the
-    /// content `root` ([`BlockManager::root`]), at most `max_blocks` of them, without taking
-    /// them: `(block, node)` in order.
-    pub fn find_prefix(&self, root: u64, tokens: &[u32], max_blocks: usize) -> Vec<(u32, u64)> {
-        let mut found = Vec::new();
-        let mut parent = root;
-        for chunk in tokens.chunks_exact(self.block_tokens).take(max_blocks) {
-            let key = BlockKey { parent, tokens: chunk.into() };
-            let Some(&block) = self.index.get(&key) else { break };
-            parent = self.meta[block as usize].node;
-            found.push((block, parent));
+    /// Put a sequence's own block in the prefix cache under `key`, unless another block already
+    /// holds that content (returned; this block then stays private).
+    pub fn insert(&mut self, block: u32, key: K) -> Option<u32> {
+        if let Some(&existing) = self.index.get(&key) {
+            return Some(existing);
         }
-        found
+        let m = &mut self.meta[block as usize];
+        debug_assert!(m.refs > 0 && m.key.is_none(), "only a sequence's own blocks are registered");
+        m.key = Some(key.clone());
+        self.index.insert(key, block);
+        None
     }
 
     /// Take a reference to a block found in the cache.
@@ -143,24 +150,6 @@ impl BlockManager {
         } else {
             self.free.push(block);
         }
-    }
-
-    /// Put a full block of a sequence in the prefix cache: its content is `tokens` after the
-    /// content `parent`. Returns the node that names its content (an existing one if the same
-    /// content is already cached in another block; this block then stays private).
-    pub fn register(&mut self, block: u32, parent: u64, tokens: &[u32]) -> u64 {
-        debug_assert_eq!(tokens.len(), self.block_tokens);
-        let key = BlockKey { parent, tokens: tokens.into() };
-        if let Some(&existing) = self.index.get(&key) {
-            return self.meta[existing as usize].node;
-        }
-        let m = &mut self.meta[block as usize];
-        debug_assert!(m.refs > 0 && m.key.is_none(), "only a sequence's own blocks are registered");
-        m.node = self.next_node;
-        self.next_node += 1;
-        m.key = Some(key.clone());
-        self.index.insert(key, block);
-        m.node
     }
 
     /// Forget every cached block that nobody uses.
@@ -236,6 +225,49 @@ impl BlockManager {
             return fail("the index holds blocks that are not cached".into());
         }
         Ok(())
+    }
+}
+
+impl BlockManager<BlockKey> {
+    /// The node the content of a sequence with adapters `lora` starts from.
+    pub fn root(&mut self, lora: &[onebit_model::LoraUse]) -> u64 {
+        if lora.is_empty() {
+            return 0;
+        }
+        let key = lora.iter().map(|u| (u.id, u.scale.to_bits())).collect();
+        *self.roots.entry(key).or_insert_with(|| {
+            self.next_node += 1;
+            self.next_node - 1
+        })
+    }
+
+    /// The cached blocks holding the longest prefix of `tokens` made of whole blocks after the
+    /// content `root` ([`BlockManager::root`]), at most `max_blocks` of them, without taking
+    /// them: `(block, node)` in order.
+    pub fn find_prefix(&self, root: u64, tokens: &[u32], max_blocks: usize) -> Vec<(u32, u64)> {
+        let mut found = Vec::new();
+        let mut parent = root;
+        for chunk in tokens.chunks_exact(self.block_tokens).take(max_blocks) {
+            let key = BlockKey { parent, tokens: chunk.into() };
+            let Some(&block) = self.index.get(&key) else { break };
+            parent = self.meta[block as usize].node;
+            found.push((block, parent));
+        }
+        found
+    }
+
+    /// Put a full block of a sequence in the prefix cache: its content is `tokens` after the
+    /// content `parent`. Returns the node that names its content (an existing one if the same
+    /// content is already cached in another block; this block then stays private).
+    pub fn register(&mut self, block: u32, parent: u64, tokens: &[u32]) -> u64 {
+        debug_assert_eq!(tokens.len(), self.block_tokens);
+        let key = BlockKey { parent, tokens: tokens.into() };
+        if let Some(existing) = self.insert(block, key) {
+            return self.meta[existing as usize].node;
+        }
+        self.meta[block as usize].node = self.next_node;
+        self.next_node += 1;
+        self.next_node - 1
     }
 }
 

@@ -1,0 +1,78 @@
+//! A model with sliding-window layers (Gemma 3, its window narrowed to 40 positions) in the
+//! engine: the window layers' blocks are given back as sequences advance, so sequences whose
+//! contexts would not fit the window part of the pool whole run side by side without
+//! preemption and give the tokens of a cache that keeps everything; a prompt seen before is
+//! taken from the prefix cache with the window blocks it needs, and gives the same tokens.
+
+use std::sync::Arc;
+
+use onebit_engine::{Engine, Flow, GenerateRequest, SamplingParams, Scheduler, SchedulerConfig};
+use onebit_kernels::Pool;
+use onebit_model::{BLOCK_TOKENS, LogitsWanted, Model, ModelOptions, Scratch};
+
+const GENERATED: usize = 24;
+
+fn engine() -> Option<Arc<Engine>> {
+    let path = onebit_testkit::gemma3_with_window(40)?;
+    Some(Arc::new(Engine::new(Model::load(path, &ModelOptions::default()).unwrap()).unwrap()))
+}
+
+fn prompt(n: usize, seed: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| 1000 + (i * 7919 + seed * 104_729) % 50_000).collect()
+}
+
+fn greedy() -> GenerateRequest {
+    GenerateRequest {
+        sampling: SamplingParams::greedy(),
+        max_tokens: Some(GENERATED),
+        ignore_eos: true,
+        ..Default::default()
+    }
+}
+
+/// Greedy tokens after `prompt` in a cache of its own that keeps every position.
+fn alone(m: &Model, prompt: &[u32]) -> Vec<u32> {
+    let pool = Pool::new(2);
+    let mut cache = m.new_cache(prompt.len() + GENERATED).unwrap();
+    let mut sc = Scratch::new();
+    let mut ids = Vec::new();
+    let mut next = prompt.to_vec();
+    while ids.len() < GENERATED {
+        let logits = m.forward_one(&pool, &mut cache, &next, LogitsWanted::Last, &mut sc).unwrap();
+        let id = onebit_testkit::argmax(logits.last(0).unwrap()) as u32;
+        ids.push(id);
+        next = vec![id];
+    }
+    ids
+}
+
+#[test]
+fn window_blocks_slide_and_sequences_keep_their_tokens() {
+    let Some(e) = engine() else { return };
+    let config = SchedulerConfig { parallel: 2, batch_size: 32, ctx_size: 512, ..SchedulerConfig::default() };
+    let s = Scheduler::start(Arc::clone(&e), Pool::new(2), config).unwrap();
+    let prompts = [prompt(300, 1), prompt(90, 2), prompt(260, 3)];
+    let handles: Vec<_> = prompts.iter().map(|p| s.submit(p.clone(), greedy()).unwrap()).collect();
+    for (h, p) in handles.into_iter().zip(&prompts) {
+        let done = h.wait(|_| Flow::Continue).unwrap();
+        assert_eq!(done.ids, alone(e.model(), p), "a prompt of {} tokens", p.len());
+    }
+    let st = s.stats().unwrap();
+    let window = st.window_blocks.expect("the window layers have blocks of their own");
+    // Two sequences at once would need more window blocks than there are, had they kept all.
+    let whole = (300 + GENERATED).div_ceil(BLOCK_TOKENS) + (260 + GENERATED).div_ceil(BLOCK_TOKENS);
+    assert!(window.total < whole, "{window:?}");
+    assert_eq!(st.preemptions, 0, "{st:?}");
+    assert_eq!((st.blocks.in_use, window.in_use), (0, 0), "{st:?}");
+    s.check_blocks().unwrap();
+
+    // A prompt seen before, global and window blocks, comes from the cache (emptied first, so
+    // that no other traffic has evicted them).
+    s.clear_cache().unwrap();
+    let first = s.submit(prompts[0].clone(), greedy()).unwrap().wait(|_| Flow::Continue).unwrap();
+    let again = s.submit(prompts[0].clone(), greedy()).unwrap().wait(|_| Flow::Continue).unwrap();
+    assert_eq!(first.usage.cached_tokens, 0);
+    assert_eq!(again.usage.cached_tokens, (300 - 1) / BLOCK_TOKENS * BLOCK_TOKENS, "{:?}", again.usage);
+    assert_eq!(again.ids, first.ids);
+    s.check_blocks().unwrap();
+}
