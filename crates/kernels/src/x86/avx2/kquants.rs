@@ -1,22 +1,34 @@
-//! AVX2 dot products of the K-quant rows most files use (Q4_K, Q5_K, Q6_K: the Q4_K_M and
-//! Q5_K_M mixes) and of ternary TQ2_0 rows with Q8_K activations, one row and one token at a
-//! time.
+//! AVX2 dot products of the K-quant rows (Q2_K through Q6_K: the Q2_K/Q3_K/Q4_K/Q5_K mixes)
+//! and of ternary TQ2_0 rows with Q8_K activations, one row and one token at a time.
 //!
 //! Each block's sum is formed exactly in integers, 32 weights per vector: `vpmaddubsw` of the
 //! unsigned codes (at most 63) with the signed activations keeps its pair sums under 2 · 63 · 127,
-//! and `vpmaddwd` with the sub-block's scale widens them to 32 bits. The offsets (Q4_K/Q5_K's
-//! mins, Q6_K's −32, TQ2_0's −1) come off afterwards from the activations' 16-value sums. The float steps
-//! are the scalar reference's, block after block, so the results are its bits.
+//! and `vpmaddwd` with the sub-block's scale widens them to 32 bits. The offsets (Q2_K/Q4_K/Q5_K's
+//! mins, Q3_K's −4, Q6_K's −32, TQ2_0's −1) come off afterwards from the activations' 16-value
+//! sums. The float steps are the scalar reference's, block after block, so the results are its
+//! bits.
 
 use std::arch::x86_64::*;
 
-use crate::formats::kquants::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, scale_min_k4};
+use crate::formats::kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, q3k_scales, scale_min_k4};
 use crate::formats::ternary::BlockTQ2_0;
 use crate::formats::{QK_K, blocks, half as d16};
 
+/// Q2_K row `w` · Q8_K row `a` over `n` values.
+pub(super) fn dot_q2_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    // SAFETY: the AVX2 table, which holds this kernel, exists only on CPUs with AVX2 and FMA.
+    unsafe { dot_q2_k_impl(w, a, n) }
+}
+
+/// Q3_K row `w` · Q8_K row `a` over `n` values.
+pub(super) fn dot_q3_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    // SAFETY: as for `dot_q2_k`.
+    unsafe { dot_q3_k_impl(w, a, n) }
+}
+
 /// Q4_K row `w` · Q8_K row `a` over `n` values.
 pub(super) fn dot_q4_k(w: &[u8], a: &[u8], n: usize) -> f32 {
-    // SAFETY: the AVX2 table, which holds this kernel, exists only on CPUs with AVX2 and FMA.
+    // SAFETY: as for `dot_q2_k`.
     unsafe { dot_q4_k_impl(w, a, n) }
 }
 
@@ -63,10 +75,34 @@ fn nibbles(q: __m256i, high: bool) -> __m256i {
     _mm256_and_si256(q, _mm256_set1_epi8(0x0f))
 }
 
+/// The 2-bit fields `l` (bits 2l, 2l + 1) of 32 bytes, one to a byte.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn crumbs(q: __m256i, l: usize) -> __m256i {
+    // A 16-bit shift by 2l < 8 brings each byte's field to its bits 0-1.
+    _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * l as i32)), _mm256_set1_epi8(3))
+}
+
+/// Σ scale_g · bsum_g over the 16 groups of 16 activations, for 16 scales in i16 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn bsums_dot(scales: __m256i, y: &BlockQ8K) -> i32 {
+    hsum(_mm256_madd_epi16(scales, load(bytemuck::cast_slice(&y.bsums))))
+}
+
+/// 16 bytes at `p`.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn load16(p: &[u8]) -> __m128i {
+    assert!(p.len() >= 16);
+    // SAFETY: `p` holds 16 bytes (asserted).
+    unsafe { _mm_loadu_si128(p.as_ptr() as *const __m128i) }
+}
+
 /// 32 bytes at `p`.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn load(p: &[u8]) -> __m256i {
+pub(super) fn load(p: &[u8]) -> __m256i {
     assert!(p.len() >= 32);
     // SAFETY: `p` holds 32 bytes (asserted).
     unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
@@ -75,7 +111,7 @@ fn load(p: &[u8]) -> __m256i {
 /// The activations' 32 values `32j ..`.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn acts(y: &BlockQ8K, j: usize) -> __m256i {
+pub(super) fn acts(y: &BlockQ8K, j: usize) -> __m256i {
     load(bytemuck::cast_slice(&y.qs[32 * j..32 * j + 32]))
 }
 
@@ -91,6 +127,55 @@ fn k4_block(d: [u8; 2], dmin: [u8; 2], scales: &[u8; 12], y: &BlockQ8K, codes: i
         msum += m as i32 * (y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32);
     }
     d16(d) * y.d * hsum(acc) as f32 - d16(dmin) * y.d * msum as f32
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn dot_q2_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let (w, y) = (blocks::<BlockQ2K>(w), blocks::<BlockQ8K>(a));
+    let mut sum = 0f32;
+    for (b, yb) in w[..n / QK_K].iter().zip(y) {
+        let mut acc = _mm256_setzero_si256();
+        // Field l of byte k of half j holds weight 128j + 32l + k, of sub-block 8j + 2l + k / 16.
+        for j in 0..2 {
+            let q = load(&b.qs[32 * j..]);
+            for l in 0..4 {
+                let s = 8 * j + 2 * l;
+                let (lo, hi) = ((b.scales[s] & 0x0f) as i16, (b.scales[s + 1] & 0x0f) as i16);
+                acc = _mm256_add_epi32(acc, scaled(crumbs(q, l), acts(yb, 4 * j + l), lo, hi));
+            }
+        }
+        // The high nibbles of the scale bytes are the sub-blocks' mins.
+        let mins = _mm_and_si128(_mm_srli_epi16::<4>(load16(&b.scales)), _mm_set1_epi8(0x0f));
+        let msum = bsums_dot(_mm256_cvtepu8_epi16(mins), yb);
+        sum += yb.d * d16(b.d) * hsum(acc) as f32 - yb.d * d16(b.dmin) * msum as f32;
+    }
+    sum
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn dot_q3_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let (w, y) = (blocks::<BlockQ3K>(w), blocks::<BlockQ8K>(a));
+    let one = _mm256_set1_epi8(1);
+    let mut sum = 0f32;
+    for (b, yb) in w[..n / QK_K].iter().zip(y) {
+        let scales = q3k_scales(&b.scales);
+        let hmask = load(&b.hmask);
+        let mut acc = _mm256_setzero_si256();
+        // As Q2_K's layout, plus bit 4j + l of `hmask` byte k as the code's third bit: the
+        // codes are the weights + 4 (a clear bit subtracts 4).
+        for j in 0..2 {
+            let q = load(&b.qs[32 * j..]);
+            for l in 0..4 {
+                let bit = _mm256_and_si256(_mm256_srl_epi16(hmask, _mm_cvtsi32_si128((4 * j + l) as i32)), one);
+                let codes = _mm256_or_si256(crumbs(q, l), _mm256_slli_epi16::<2>(bit));
+                let s = 8 * j + 2 * l;
+                acc = _mm256_add_epi32(acc, scaled(codes, acts(yb, 4 * j + l), scales[s] as i16, scales[s + 1] as i16));
+            }
+        }
+        let offset = bsums_dot(_mm256_cvtepi8_epi16(load16(bytemuck::cast_slice(&scales))), yb);
+        sum += d16(b.d) * yb.d * (hsum(acc) - 4 * offset) as f32;
+    }
+    sum
 }
 
 #[target_feature(enable = "avx2,fma")]
@@ -125,7 +210,6 @@ fn dot_q5_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
 #[target_feature(enable = "avx2,fma")]
 fn dot_q6_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (w, y) = (blocks::<BlockQ6K>(w), blocks::<BlockQ8K>(a));
-    let three = _mm256_set1_epi8(3);
     let mut sum = 0f32;
     for (b, yb) in w[..n / QK_K].iter().zip(y) {
         let mut acc = _mm256_setzero_si256();
@@ -135,8 +219,7 @@ fn dot_q6_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
             for quarter in 0..4 {
                 let ql = if quarter % 2 == 0 { ql0 } else { ql1 };
                 let low = nibbles(ql, quarter >= 2);
-                let high = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * quarter as i32)), three);
-                let q = _mm256_or_si256(low, _mm256_slli_epi16::<4>(high));
+                let q = _mm256_or_si256(low, _mm256_slli_epi16::<4>(crumbs(qh, quarter)));
                 let s = 8 * half + 2 * quarter;
                 let (lo, hi) = (b.scales[s] as i16, b.scales[s + 1] as i16);
                 acc = _mm256_add_epi32(acc, scaled(q, acts(yb, 4 * half + quarter), lo, hi));
@@ -152,7 +235,6 @@ fn dot_q6_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
 #[target_feature(enable = "avx2,fma")]
 fn dot_tq2_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (w, y) = (blocks::<BlockTQ2_0>(w), blocks::<BlockQ8K>(a));
-    let three = _mm256_set1_epi8(3);
     let mut sum = 0f32;
     for (b, yb) in w[..n / QK_K].iter().zip(y) {
         let mut acc = _mm256_setzero_si256();
@@ -160,8 +242,7 @@ fn dot_tq2_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
         for j in 0..2 {
             let q = load(&b.qs[32 * j..]);
             for l in 0..4 {
-                let codes = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * l as i32)), three);
-                acc = _mm256_add_epi32(acc, scaled(codes, acts(yb, 4 * j + l), 1, 1));
+                acc = _mm256_add_epi32(acc, scaled(crumbs(q, l), acts(yb, 4 * j + l), 1, 1));
             }
         }
         let offset: i32 = yb.bsums.iter().map(|&s| s as i32).sum();
@@ -172,13 +253,15 @@ fn dot_tq2_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
 
 #[cfg(test)]
 mod tests {
+    use std::ops::Range;
+
     use onebit_gguf::GgmlType;
 
     use crate::formats::quantize;
     use crate::tier::KernelTier;
 
     /// Every dot here gives the scalar reference's bits, over rows of several blocks with
-    /// scales of every size.
+    /// scales of every size, and over rows whose codes and sub-block scales are random bytes.
     #[test]
     fn k_quant_dots_equal_the_reference_bit_for_bit() {
         if !KernelTier::Avx2.is_available() {
@@ -188,19 +271,30 @@ mod tests {
         let x: Vec<f32> = (0..n).map(|i| ((i * 7919 % 409) as f32 - 204.0) / 9.0).collect();
         let mut a = vec![0u8; GgmlType::Q8_K.bytes_for(n as u64).unwrap() as usize];
         quantize(GgmlType::Q8_K, &x, &mut a).unwrap();
-        let kernels: [(GgmlType, crate::scalar::dot::DotFn); 4] = [
-            (GgmlType::Q4_K, super::dot_q4_k),
-            (GgmlType::Q5_K, super::dot_q5_k),
-            (GgmlType::Q6_K, super::dot_q6_k),
-            (GgmlType::TQ2_0, super::dot_tq2_0),
+        // Each kernel, and where its blocks keep their f16 scales (left as quantized, finite,
+        // when the other bytes are scrambled).
+        let kernels: [(GgmlType, crate::scalar::dot::DotFn, Range<usize>); 7] = [
+            (GgmlType::Q2_K, super::dot_q2_k, 80..84),
+            (GgmlType::Q3_K, super::dot_q3_k, 108..110),
+            (GgmlType::Q4_K, super::dot_q4_k, 0..4),
+            (GgmlType::Q5_K, super::dot_q5_k, 0..4),
+            (GgmlType::Q6_K, super::dot_q6_k, 208..210),
+            (GgmlType::TQ2_0, super::dot_tq2_0, 64..66),
+            (GgmlType::TQ1_0, super::super::ternary::dot_tq1_0, 52..54),
         ];
-        for (ty, dot) in kernels {
+        for (ty, dot, halves) in kernels {
             let reference = crate::scalar::dot::dot_fn(ty).unwrap();
-            for seed in 0..8usize {
+            let block = ty.bytes_for(super::QK_K as u64).unwrap() as usize;
+            for seed in 0..12usize {
                 let scale = [1e-3f32, 0.3, 1.0, 50.0][seed % 4];
                 let w: Vec<f32> = (0..n).map(|i| ((i * 31 + seed * 977) % 113) as f32 * scale - 56.0 * scale).collect();
                 let mut wq = vec![0u8; ty.bytes_for(n as u64).unwrap() as usize];
                 quantize(ty, &w, &mut wq).unwrap();
+                if seed >= 8 {
+                    for (i, q) in wq.iter_mut().enumerate().filter(|(i, _)| !halves.contains(&(i % block))) {
+                        *q = ((i * 2_654_435_761 + seed * 40_503) >> 7) as u8;
+                    }
+                }
                 assert_eq!(dot(&wq, &a, n).to_bits(), reference(&wq, &a, n).to_bits(), "{ty} seed {seed}");
             }
         }
