@@ -10,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::formats::kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, q3k_scales, scale_min_k4};
+use crate::formats::kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, scale_min_k4};
 use crate::formats::ternary::BlockTQ2_0;
 use crate::formats::{QK_K, blocks, half as d16};
 
@@ -50,12 +50,44 @@ pub(super) fn dot_tq2_0(w: &[u8], a: &[u8], n: usize) -> f32 {
     unsafe { dot_tq2_0_impl(w, a, n) }
 }
 
-/// 32 unsigned codes times 32 signed activations, the two 16-value halves scaled by `lo` and
-/// `hi`, as eight i32 sums.
+/// 32 unsigned codes times 32 signed activations, times the i16 `scales` (one per pair of
+/// values), as eight i32 sums.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn scaled(q: __m256i, a: __m256i, lo: i16, hi: i16) -> __m256i {
-    _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), _mm256_setr_m128i(_mm_set1_epi16(lo), _mm_set1_epi16(hi)))
+fn scaled(q: __m256i, a: __m256i, scales: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), scales)
+}
+
+/// 16 sub-blocks' scales (i16 lanes, in order) as eight `scaled` operands: operand p has
+/// scale 2p in its lower eight lanes and scale 2p + 1 in its upper eight, for the 32 values of
+/// sub-blocks 2p and 2p + 1.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn scale_pairs(scales: __m256i) -> [__m256i; 8] {
+    // Both 128-bit halves of `halves[h]` hold scales 8h..8h + 8; a byte shuffle then repeats
+    // one i16 (bytes 2i, 2i + 1) across each half.
+    let halves = [_mm256_permute4x64_epi64::<0x44>(scales), _mm256_permute4x64_epi64::<0xee>(scales)];
+    let repeat = |i: i16| _mm_set1_epi16(2 * i | (2 * i + 1) << 8);
+    std::array::from_fn(|p| {
+        let i = 2 * (p % 4) as i16;
+        _mm256_shuffle_epi8(halves[p / 4], _mm256_setr_m128i(repeat(i), repeat(i + 1)))
+    })
+}
+
+/// Q3_K's 16 signed 6-bit scales ([`q3k_scales`]) as i16 lanes: the low four bits are the
+/// nibbles of bytes 0..8 (low nibbles first), the high two bits fields 0..4 of bytes 8..12.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q3k_scales16(packed: &[u8; 12]) -> __m256i {
+    let m4 = _mm_set1_epi8(0x0f);
+    let low = _mm_set_epi64x(0, i64::from_le_bytes(packed[..8].try_into().unwrap()));
+    let low = _mm_unpacklo_epi64(_mm_and_si128(low, m4), _mm_and_si128(_mm_srli_epi16::<4>(low), m4));
+    // Dword f takes field f of every byte to its bits 0-1 (bits shifted in from the next byte
+    // land above them and are masked off).
+    let h = _mm_set1_epi32(i32::from_le_bytes(packed[8..].try_into().unwrap()));
+    let high = _mm_and_si128(_mm_srlv_epi32(h, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+    let q = _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16::<4>(high)), _mm_set1_epi8(32));
+    _mm256_cvtepi8_epi16(q)
 }
 
 #[inline]
@@ -123,7 +155,7 @@ fn k4_block(d: [u8; 2], dmin: [u8; 2], scales: &[u8; 12], y: &BlockQ8K, codes: i
     let mut msum = 0i32;
     for j in 0..8 {
         let (sc, m) = scale_min_k4(j, scales);
-        acc = _mm256_add_epi32(acc, scaled(codes(j), acts(y, j), sc as i16, sc as i16));
+        acc = _mm256_add_epi32(acc, scaled(codes(j), acts(y, j), _mm256_set1_epi16(sc as i16)));
         msum += m as i32 * (y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32);
     }
     d16(d) * y.d * hsum(acc) as f32 - d16(dmin) * y.d * msum as f32
@@ -134,19 +166,19 @@ fn dot_q2_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (w, y) = (blocks::<BlockQ2K>(w), blocks::<BlockQ8K>(a));
     let mut sum = 0f32;
     for (b, yb) in w[..n / QK_K].iter().zip(y) {
+        // Scale bytes: the sub-blocks' scales in the low nibbles, their mins in the high.
+        let packed = load16(&b.scales);
+        let m4 = _mm_set1_epi8(0x0f);
+        let scales = scale_pairs(_mm256_cvtepu8_epi16(_mm_and_si128(packed, m4)));
         let mut acc = _mm256_setzero_si256();
         // Field l of byte k of half j holds weight 128j + 32l + k, of sub-block 8j + 2l + k / 16.
         for j in 0..2 {
             let q = load(&b.qs[32 * j..]);
             for l in 0..4 {
-                let s = 8 * j + 2 * l;
-                let (lo, hi) = ((b.scales[s] & 0x0f) as i16, (b.scales[s + 1] & 0x0f) as i16);
-                acc = _mm256_add_epi32(acc, scaled(crumbs(q, l), acts(yb, 4 * j + l), lo, hi));
+                acc = _mm256_add_epi32(acc, scaled(crumbs(q, l), acts(yb, 4 * j + l), scales[4 * j + l]));
             }
         }
-        // The high nibbles of the scale bytes are the sub-blocks' mins.
-        let mins = _mm_and_si128(_mm_srli_epi16::<4>(load16(&b.scales)), _mm_set1_epi8(0x0f));
-        let msum = bsums_dot(_mm256_cvtepu8_epi16(mins), yb);
+        let msum = bsums_dot(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(packed), m4)), yb);
         sum += yb.d * d16(b.d) * hsum(acc) as f32 - yb.d * d16(b.dmin) * msum as f32;
     }
     sum
@@ -155,10 +187,11 @@ fn dot_q2_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
 #[target_feature(enable = "avx2,fma")]
 fn dot_q3_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (w, y) = (blocks::<BlockQ3K>(w), blocks::<BlockQ8K>(a));
-    let one = _mm256_set1_epi8(1);
+    let four = _mm256_set1_epi8(4);
     let mut sum = 0f32;
     for (b, yb) in w[..n / QK_K].iter().zip(y) {
-        let scales = q3k_scales(&b.scales);
+        let scales16 = q3k_scales16(&b.scales);
+        let scales = scale_pairs(scales16);
         let hmask = load(&b.hmask);
         let mut acc = _mm256_setzero_si256();
         // As Q2_K's layout, plus bit 4j + l of `hmask` byte k as the code's third bit: the
@@ -166,13 +199,18 @@ fn dot_q3_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
         for j in 0..2 {
             let q = load(&b.qs[32 * j..]);
             for l in 0..4 {
-                let bit = _mm256_and_si256(_mm256_srl_epi16(hmask, _mm_cvtsi32_si128((4 * j + l) as i32)), one);
-                let codes = _mm256_or_si256(crumbs(q, l), _mm256_slli_epi16::<2>(bit));
-                let s = 8 * j + 2 * l;
-                acc = _mm256_add_epi32(acc, scaled(codes, acts(yb, 4 * j + l), scales[s] as i16, scales[s + 1] as i16));
+                // Bit 4j + l of each byte to its bit 2 (16-bit shifts by less than 8 keep each
+                // byte's bit in its byte).
+                let bit = 4 * j + l;
+                let high = match bit {
+                    0 | 1 => _mm256_sll_epi16(hmask, _mm_cvtsi32_si128(2 - bit as i32)),
+                    _ => _mm256_srl_epi16(hmask, _mm_cvtsi32_si128(bit as i32 - 2)),
+                };
+                let codes = _mm256_or_si256(crumbs(q, l), _mm256_and_si256(high, four));
+                acc = _mm256_add_epi32(acc, scaled(codes, acts(yb, 4 * j + l), scales[4 * j + l]));
             }
         }
-        let offset = bsums_dot(_mm256_cvtepi8_epi16(load16(bytemuck::cast_slice(&scales))), yb);
+        let offset = bsums_dot(scales16, yb);
         sum += d16(b.d) * yb.d * (hsum(acc) - 4 * offset) as f32;
     }
     sum
@@ -212,6 +250,8 @@ fn dot_q6_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (w, y) = (blocks::<BlockQ6K>(w), blocks::<BlockQ8K>(a));
     let mut sum = 0f32;
     for (b, yb) in w[..n / QK_K].iter().zip(y) {
+        let scales16 = _mm256_cvtepi8_epi16(load16(bytemuck::cast_slice(&b.scales)));
+        let scales = scale_pairs(scales16);
         let mut acc = _mm256_setzero_si256();
         for half in 0..2 {
             let (ql0, ql1) = (load(&b.ql[64 * half..]), load(&b.ql[64 * half + 32..]));
@@ -220,14 +260,12 @@ fn dot_q6_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
                 let ql = if quarter % 2 == 0 { ql0 } else { ql1 };
                 let low = nibbles(ql, quarter >= 2);
                 let q = _mm256_or_si256(low, _mm256_slli_epi16::<4>(crumbs(qh, quarter)));
-                let s = 8 * half + 2 * quarter;
-                let (lo, hi) = (b.scales[s] as i16, b.scales[s + 1] as i16);
-                acc = _mm256_add_epi32(acc, scaled(q, acts(yb, 4 * half + quarter), lo, hi));
+                let s = 4 * half + quarter;
+                acc = _mm256_add_epi32(acc, scaled(q, acts(yb, s), scales[s]));
             }
         }
         // The codes are the weights + 32.
-        let offset: i32 = (0..16).map(|i| b.scales[i] as i32 * yb.bsums[i] as i32).sum();
-        sum += d16(b.d) * yb.d * (hsum(acc) - 32 * offset) as f32;
+        sum += d16(b.d) * yb.d * (hsum(acc) - 32 * bsums_dot(scales16, yb)) as f32;
     }
     sum
 }
@@ -235,6 +273,7 @@ fn dot_q6_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
 #[target_feature(enable = "avx2,fma")]
 fn dot_tq2_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (w, y) = (blocks::<BlockTQ2_0>(w), blocks::<BlockQ8K>(a));
+    let one = _mm256_set1_epi16(1);
     let mut sum = 0f32;
     for (b, yb) in w[..n / QK_K].iter().zip(y) {
         let mut acc = _mm256_setzero_si256();
@@ -242,7 +281,7 @@ fn dot_tq2_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
         for j in 0..2 {
             let q = load(&b.qs[32 * j..]);
             for l in 0..4 {
-                acc = _mm256_add_epi32(acc, scaled(crumbs(q, l), acts(yb, 4 * j + l), 1, 1));
+                acc = _mm256_add_epi32(acc, scaled(crumbs(q, l), acts(yb, 4 * j + l), one));
             }
         }
         let offset: i32 = yb.bsums.iter().map(|&s| s as i32).sum();
