@@ -67,7 +67,7 @@ fn scale_pairs(scales: __m256i) -> [__m256i; 8] {
     // Both 128-bit halves of `halves[h]` hold scales 8h..8h + 8; a byte shuffle then repeats
     // one i16 (bytes 2i, 2i + 1) across each half.
     let halves = [_mm256_permute4x64_epi64::<0x44>(scales), _mm256_permute4x64_epi64::<0xee>(scales)];
-    let repeat = |i: i16| _mm_set1_epi16(2 * i | (2 * i + 1) << 8);
+    let repeat = |i: i16| _mm_set1_epi16((2 * i) | ((2 * i + 1) << 8));
     std::array::from_fn(|p| {
         let i = 2 * (p % 4) as i16;
         _mm256_shuffle_epi8(halves[p / 4], _mm256_setr_m128i(repeat(i), repeat(i + 1)))
