@@ -12,11 +12,11 @@ use std::arch::x86_64::*;
 
 use crate::formats::kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, scale_min_k4};
 use crate::formats::ternary::BlockTQ2_0;
-use crate::formats::{QK_K, blocks, half as d16};
+use crate::formats::{QK_K, blocks};
 
 /// Q2_K row `w` · Q8_K row `a` over `n` values.
 pub(super) fn dot_q2_k(w: &[u8], a: &[u8], n: usize) -> f32 {
-    // SAFETY: the AVX2 table, which holds this kernel, exists only on CPUs with AVX2 and FMA.
+    // SAFETY: the AVX2 table, which holds this kernel, exists only on CPUs with AVX2, FMA and F16C.
     unsafe { dot_q2_k_impl(w, a, n) }
 }
 
@@ -90,6 +90,14 @@ fn q3k_scales16(packed: &[u8; 12]) -> __m256i {
     _mm256_cvtepi8_epi16(q)
 }
 
+/// An f16 scale (little-endian bytes) as f32 by F16C: the same value as the portable
+/// conversion, without its feature check and out-of-line call once per block.
+#[inline]
+#[target_feature(enable = "f16c")]
+pub(super) fn d16(b: [u8; 2]) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes(b) as i32)))
+}
+
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(super) fn hsum(v: __m256i) -> i32 {
@@ -149,7 +157,7 @@ pub(super) fn acts(y: &BlockQ8K, j: usize) -> __m256i {
 
 /// Q4_K/Q5_K's common end of a block: Σ scale · (code · a) with the 6-bit scales and mins.
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 fn k4_block(d: [u8; 2], dmin: [u8; 2], scales: &[u8; 12], y: &BlockQ8K, codes: impl Fn(usize) -> __m256i) -> f32 {
     let mut acc = _mm256_setzero_si256();
     let mut msum = 0i32;
@@ -161,7 +169,7 @@ fn k4_block(d: [u8; 2], dmin: [u8; 2], scales: &[u8; 12], y: &BlockQ8K, codes: i
     d16(d) * y.d * hsum(acc) as f32 - d16(dmin) * y.d * msum as f32
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn dot_q2_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (w, y) = (blocks::<BlockQ2K>(w), blocks::<BlockQ8K>(a));
     let mut sum = 0f32;
@@ -184,7 +192,7 @@ fn dot_q2_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     sum
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn dot_q3_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (w, y) = (blocks::<BlockQ3K>(w), blocks::<BlockQ8K>(a));
     let four = _mm256_set1_epi8(4);
@@ -216,7 +224,7 @@ fn dot_q3_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     sum
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn dot_q4_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (w, y) = (blocks::<BlockQ4K>(w), blocks::<BlockQ8K>(a));
     let mut sum = 0f32;
@@ -227,7 +235,7 @@ fn dot_q4_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     sum
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn dot_q5_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (w, y) = (blocks::<BlockQ5K>(w), blocks::<BlockQ8K>(a));
     let one = _mm256_set1_epi8(1);
@@ -245,7 +253,7 @@ fn dot_q5_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     sum
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn dot_q6_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (w, y) = (blocks::<BlockQ6K>(w), blocks::<BlockQ8K>(a));
     let mut sum = 0f32;
@@ -270,7 +278,7 @@ fn dot_q6_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     sum
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn dot_tq2_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (w, y) = (blocks::<BlockTQ2_0>(w), blocks::<BlockQ8K>(a));
     let one = _mm256_set1_epi16(1);

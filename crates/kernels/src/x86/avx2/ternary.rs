@@ -16,17 +16,17 @@
 
 use std::arch::x86_64::*;
 
-use super::kquants::{acts, hsum, load, load16};
+use super::kquants::{acts, d16, hsum, load, load16};
 use crate::formats::ternary::{BlockQ2_0, BlockTQ1_0};
-use crate::formats::{BlockQ8_0, BlockQ8K, QK_K, blocks, half as d16};
+use crate::formats::{BlockQ8_0, BlockQ8K, QK_K, blocks};
 
 /// Q2_0 row `w` · Q8_0 row `a` over `n` values.
 pub(super) fn dot_q2_0(w: &[u8], a: &[u8], n: usize) -> f32 {
-    // SAFETY: the AVX2 table, which holds this kernel, exists only on CPUs with AVX2 and FMA.
+    // SAFETY: the AVX2 table, which holds this kernel, exists only on CPUs with AVX2, FMA and F16C.
     unsafe { dot_q2_0_impl(w, a, n) }
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn dot_q2_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (w, y) = (blocks::<BlockQ2_0>(w), blocks::<BlockQ8_0>(a));
     assert!(y.len() >= 2 * (n / 64));
@@ -97,7 +97,7 @@ fn qh_products(qh: [u8; 4]) -> __m128i {
     p
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn dot_tq1_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     let (w, y) = (blocks::<BlockTQ1_0>(w), blocks::<BlockQ8K>(a));
     let bias = _mm256_set1_epi8(i8::MIN);
