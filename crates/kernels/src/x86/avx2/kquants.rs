@@ -307,8 +307,9 @@ mod tests {
     use crate::formats::quantize;
     use crate::tier::KernelTier;
 
-    /// Every dot here gives the scalar reference's bits, over rows of several blocks with
-    /// scales of every size, and over rows whose codes and sub-block scales are random bytes.
+    /// Every Q8_K dot of this tier (those here and TQ1_0's) gives the scalar reference's bits,
+    /// over rows of several blocks with scales of every size, and over rows whose codes and
+    /// sub-block scales are random bytes.
     #[test]
     fn k_quant_dots_equal_the_reference_bit_for_bit() {
         if !KernelTier::Avx2.is_available() {

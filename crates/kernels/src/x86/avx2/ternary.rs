@@ -121,7 +121,8 @@ fn dot_tq1_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
             acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(trits(v), acts(yb, 5 + k)));
             p = times3(times3(p, all), all);
         }
-        // 16-bit lanes: at most 8 · 2 · 2 · 128 from the products, 16 · 128 from a sum.
+        // No 16-bit lane overflows: it adds eight pair products of at most 2 · 2 · 128 and
+        // subtracts one sum of 16 activations.
         let s = _mm256_sub_epi16(acc, load(bytemuck::cast_slice(&yb.bsums)));
         let s = hsum(_mm256_madd_epi16(s, _mm256_set1_epi16(1)));
         sum += s as f32 * (d16(b.d) * yb.d);
