@@ -1,6 +1,7 @@
 //! AVX2 products over the packed layouts (see [`crate::pack`]): Q1_0 by lookup tables (32
-//! rows per `vpshufb`) here, Q4_0/Q4_1/Q8_0 in [`super::legacy`]. Unpacked weights and other
-//! types take the scalar dot products.
+//! rows per `vpshufb`) here, Q4_0/Q4_1/Q8_0 in [`super::legacy`]. Unpacked weights of those
+//! types take the scalar dot products; the other types have AVX2 dot products
+//! ([`super::kquants`], [`super::ternary`], [`super::floats`]).
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -19,10 +20,13 @@ pub(super) fn kernel(ty: GgmlType) -> Option<RowKernel> {
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
             |w, r, a, o| packed_or(w, r, a, o, super::legacy::packed)
         }
+        GgmlType::Q2_K => return Some(RowKernel::Dot(super::kquants::dot_q2_k)),
+        GgmlType::Q3_K => return Some(RowKernel::Dot(super::kquants::dot_q3_k)),
         GgmlType::Q4_K => return Some(RowKernel::Dot(super::kquants::dot_q4_k)),
         GgmlType::Q5_K => return Some(RowKernel::Dot(super::kquants::dot_q5_k)),
         GgmlType::Q6_K => return Some(RowKernel::Dot(super::kquants::dot_q6_k)),
         GgmlType::TQ2_0 => return Some(RowKernel::Dot(super::kquants::dot_tq2_0)),
+        GgmlType::TQ1_0 => return Some(RowKernel::Dot(super::ternary::dot_tq1_0)),
         GgmlType::Q2_0 => return Some(RowKernel::Dot(super::ternary::dot_q2_0)),
         GgmlType::F32 => return Some(RowKernel::Dot(super::floats::dot_f32)),
         GgmlType::F16 => return Some(RowKernel::Dot(super::floats::dot_f16)),

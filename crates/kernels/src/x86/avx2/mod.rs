@@ -1,8 +1,7 @@
 //! The AVX2 tier (with FMA and F16C, and AVX-VNNI where present): the packed products of the
-//! 1-bit and legacy types, dot products of the common K-quants, Q2_0, TQ2_0 and the float types, the
-//! activation quantizer, and
-//! every vector operation, eight lanes wide. Types without an AVX2 kernel use the scalar
-//! reference.
+//! 1-bit and legacy types, dot products of the K-quants (Q2_K to Q6_K), the ternary types (Q2_0,
+//! TQ1_0, TQ2_0) and the float types, the activation quantizer, and every vector operation,
+//! eight lanes wide. Every weight type the scalar reference knows has an AVX2 kernel.
 
 mod floats;
 mod kquants;
