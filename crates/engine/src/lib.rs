@@ -44,7 +44,7 @@ pub use constraint::{Constraint, Grammar};
 pub use error::{EngineError, ParamError};
 pub use request::{Completion, Event, EventSink, FinishReason, Flow, GenerateRequest, RequestHandle, Timings, Usage};
 pub use sampling::{Sampler, SamplingParams, TokenLogprobs};
-pub use scheduler::{BlockCounts, Scheduler, SchedulerConfig, SchedulerStats, SequenceInfo, Submitted};
+pub use scheduler::{BlockCounts, PoolMemory, Scheduler, SchedulerConfig, SchedulerStats, SequenceInfo, Submitted};
 pub use speculative::{SpecMode, SpecOverride, Speculation};
 
 /// A chat message for [`Engine::chat_prompt`].

@@ -1,8 +1,9 @@
-//! A model with sliding-window layers (Gemma 3, its window narrowed to 40 positions) in the
-//! engine: the window layers' blocks are given back as sequences advance, so sequences whose
-//! contexts would not fit the window part of the pool whole run side by side without
-//! preemption and give the tokens of a cache that keeps everything; a prompt seen before is
-//! taken from the prefix cache with the window blocks it needs, and gives the same tokens.
+//! Models with sliding-window layers in the engine (Gemma 3, whose global layers read every
+//! position, and a `mistral` model whose layers all slide; windows narrowed to 40 positions):
+//! the window layers' blocks are given back as sequences advance, so sequences whose contexts
+//! would not fit the window part of the pool whole run side by side without preemption and give
+//! the tokens of a cache that keeps everything; a prompt seen before is taken from the prefix
+//! cache with the window blocks it needs, and gives the same tokens.
 
 use std::sync::Arc;
 
@@ -12,13 +13,12 @@ use onebit_model::{BLOCK_TOKENS, LogitsWanted, Model, ModelOptions, Scratch};
 
 const GENERATED: usize = 24;
 
-fn engine() -> Option<Arc<Engine>> {
-    let path = onebit_testkit::gemma3_with_window(40)?;
-    Some(Arc::new(Engine::new(Model::load(path, &ModelOptions::default()).unwrap()).unwrap()))
+fn engine(path: std::path::PathBuf) -> Arc<Engine> {
+    Arc::new(Engine::new(Model::load(path, &ModelOptions::default()).unwrap()).unwrap())
 }
 
-fn prompt(n: usize, seed: u32) -> Vec<u32> {
-    (0..n as u32).map(|i| 1000 + (i * 7919 + seed * 104_729) % 50_000).collect()
+fn prompt(n: usize, seed: u32, vocab: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| 1000 + (i * 7919 + seed * 104_729) % (vocab as u32 - 1000)).collect()
 }
 
 fn greedy() -> GenerateRequest {
@@ -47,11 +47,25 @@ fn alone(m: &Model, prompt: &[u32]) -> Vec<u32> {
 }
 
 #[test]
-fn window_blocks_slide_and_sequences_keep_their_tokens() {
-    let Some(e) = engine() else { return };
+fn gemma3_window_blocks_slide_and_sequences_keep_their_tokens() {
+    let Some(path) = onebit_testkit::gemma3_with_window(40) else { return };
+    window_blocks_slide_and_sequences_keep_their_tokens(&engine(path));
+}
+
+#[test]
+fn all_sliding_mistral_blocks_slide_and_sequences_keep_their_tokens() {
+    let Some(src) = onebit_testkit::shared_file("models/llama-q4_1.gguf") else { return };
+    let e = engine(onebit_testkit::sliding_window_model(&src, "mistral", 40));
+    let c = e.model().config();
+    assert!((0..c.n_layers).all(|l| c.window(l) == Some(40)), "every layer slides");
+    window_blocks_slide_and_sequences_keep_their_tokens(&e);
+}
+
+fn window_blocks_slide_and_sequences_keep_their_tokens(e: &Arc<Engine>) {
     let config = SchedulerConfig { parallel: 2, batch_size: 32, ctx_size: 512, ..SchedulerConfig::default() };
-    let s = Scheduler::start(Arc::clone(&e), Pool::new(2), config).unwrap();
-    let prompts = [prompt(300, 1), prompt(90, 2), prompt(260, 3)];
+    let s = Scheduler::start(Arc::clone(e), Pool::new(2), config).unwrap();
+    let vocab = e.model().config().vocab_size;
+    let prompts = [prompt(300, 1, vocab), prompt(90, 2, vocab), prompt(260, 3, vocab)];
     let handles: Vec<_> = prompts.iter().map(|p| s.submit(p.clone(), greedy()).unwrap()).collect();
     for (h, p) in handles.into_iter().zip(&prompts) {
         let done = h.wait(|_| Flow::Continue).unwrap();

@@ -53,8 +53,20 @@ fn sequences_in_one_batch_match_sequences_alone() {
             &pool,
             &mut kv,
             &[
-                SeqInput { tokens: &[99], start: a.len(), blocks: &ta, window_blocks: None, logits: LogitsWanted::Last },
-                SeqInput { tokens: &[98], start: b.len(), blocks: &tb, window_blocks: None, logits: LogitsWanted::Last },
+                SeqInput {
+                    tokens: &[99],
+                    start: a.len(),
+                    blocks: &ta,
+                    window_blocks: None,
+                    logits: LogitsWanted::Last,
+                },
+                SeqInput {
+                    tokens: &[98],
+                    start: b.len(),
+                    blocks: &tb,
+                    window_blocks: None,
+                    logits: LogitsWanted::Last,
+                },
             ],
             &mut sc,
         )
@@ -86,8 +98,20 @@ fn sequences_share_the_blocks_of_a_common_prefix() {
             &pool,
             &mut kv,
             &[
-                SeqInput { tokens: &[5, 6], start: prefix.len(), blocks: &ta, window_blocks: None, logits: LogitsWanted::Last },
-                SeqInput { tokens: &[9], start: prefix.len(), blocks: &tb, window_blocks: None, logits: LogitsWanted::Last },
+                SeqInput {
+                    tokens: &[5, 6],
+                    start: prefix.len(),
+                    blocks: &ta,
+                    window_blocks: None,
+                    logits: LogitsWanted::Last,
+                },
+                SeqInput {
+                    tokens: &[9],
+                    start: prefix.len(),
+                    blocks: &tb,
+                    window_blocks: None,
+                    logits: LogitsWanted::Last,
+                },
             ],
             &mut sc,
         )

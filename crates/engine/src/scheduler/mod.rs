@@ -128,11 +128,20 @@ impl Submitted {
     }
 }
 
+/// What the KV pool reserved: its bytes, and the positions the blocks of sliding-window layers
+/// hold (sequences give theirs back as their windows move on) where the model has such layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolMemory {
+    pub bytes: usize,
+    pub window_tokens: Option<usize>,
+}
+
 /// The handle to a running engine loop. Dropping it stops the loop (requests still in flight
 /// end with [`EngineError::ShutDown`]).
 pub struct Scheduler {
     tx: Sender<Command>,
     shared: Arc<Shared>,
+    memory: PoolMemory,
     config: SchedulerConfig,
     vocab: usize,
     engine: Arc<Engine>,
@@ -157,21 +166,28 @@ impl Scheduler {
             None => (model.new_pool(n_blocks)?, KvBlocks::new(n_blocks, None)),
         };
         let drafter = engine.draft().map(|d| draft::Drafter::new(d, model, n_blocks)).transpose()?;
+        let window_tokens = (kv.n_window_blocks() != n_blocks).then(|| kv.n_window_blocks() * BLOCK_TOKENS);
+        let memory = PoolMemory { bytes: kv.capacity_bytes(), window_tokens };
         let shared = Arc::new(Shared { in_flight: AtomicUsize::new(0), next_id: AtomicU64::new(1) });
         let (tx, rx) = mpsc::channel();
         let vocab = model.config().vocab_size;
         let worker =
-            worker::Worker::new(Arc::clone(&engine), pool, kv, blocks, drafter, config, rx, Arc::clone(&shared));
+            worker::Worker::new(Arc::clone(&engine), pool, (kv, blocks), drafter, config, rx, Arc::clone(&shared));
         let worker = std::thread::Builder::new()
             .name("onebit-engine".into())
             .spawn(move || worker.run())
             .map_err(|e| EngineError::Config(format!("starting the engine thread: {e}")))?;
-        Ok(Scheduler { tx, shared, config, vocab, engine, worker: Some(worker) })
+        Ok(Scheduler { tx, shared, memory, config, vocab, engine, worker: Some(worker) })
     }
 
     /// The configuration in effect (with `kv_size` filled in).
     pub fn config(&self) -> SchedulerConfig {
         self.config
+    }
+
+    /// What the KV pool reserved (it becomes resident as blocks are written).
+    pub fn pool_memory(&self) -> PoolMemory {
+        self.memory
     }
 
     /// Queue a request: generate after `prompt` (token ids) as `req` says. Fails at once if the

@@ -78,8 +78,7 @@ impl Worker {
     pub fn new(
         engine: Arc<Engine>,
         pool: Pool,
-        kv: KvPool,
-        blocks: KvBlocks,
+        (kv, blocks): (KvPool, KvBlocks),
         drafter: Option<Drafter>,
         config: SchedulerConfig,
         rx: Receiver<Command>,
@@ -249,7 +248,8 @@ impl Worker {
     fn plan(&mut self) -> Plan {
         loop {
             let plan = self.budget();
-            let need: usize = plan.iter().map(|&(i, n)| self.running[i].table.need(self.running[i].n_computed + n)).sum();
+            let need: usize =
+                plan.iter().map(|&(i, n)| self.running[i].table.need(self.running[i].n_computed + n)).sum();
             if need <= self.blocks.available() {
                 for &(i, n) in &plan {
                     let s = &mut self.running[i];
