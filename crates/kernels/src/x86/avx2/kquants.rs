@@ -15,25 +15,26 @@ use crate::formats::ternary::BlockTQ2_0;
 use crate::formats::{QK_K, blocks};
 
 /// Q2_K row `w` · Q8_K row `a` over `n` values.
-pub(super) fn dot_q2_k(w: &[u8], a: &[u8], n: usize) -> f32 {
-    // SAFETY: the AVX2 table, which holds this kernel, exists only on CPUs with AVX2, FMA and F16C.
+pub(crate) fn dot_q2_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    // SAFETY: the AVX2 and AVX-512 tables, which hold this kernel, exist only on CPUs with AVX2,
+    // FMA and F16C (`KernelTier::is_available`).
     unsafe { dot_q2_k_impl(w, a, n) }
 }
 
 /// Q3_K row `w` · Q8_K row `a` over `n` values.
-pub(super) fn dot_q3_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+pub(crate) fn dot_q3_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     // SAFETY: as for `dot_q2_k`.
     unsafe { dot_q3_k_impl(w, a, n) }
 }
 
 /// Q4_K row `w` · Q8_K row `a` over `n` values.
-pub(super) fn dot_q4_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+pub(crate) fn dot_q4_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     // SAFETY: as for `dot_q2_k`.
     unsafe { dot_q4_k_impl(w, a, n) }
 }
 
 /// Q5_K row `w` · Q8_K row `a` over `n` values.
-pub(super) fn dot_q5_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+pub(crate) fn dot_q5_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     // SAFETY: as for `dot_q4_k`.
     unsafe { dot_q5_k_impl(w, a, n) }
 }

@@ -4,7 +4,7 @@
 //! eight lanes wide. Every weight type the scalar reference knows has an AVX2 kernel.
 
 mod floats;
-mod kquants;
+pub(crate) mod kquants;
 mod legacy;
 mod matmul;
 mod ops;

@@ -1,27 +1,33 @@
-//! AVX-512 K-quant products (Q2_K..Q6_K with Q8_K activations): each 32 weights are unpacked
-//! to bytes in registers, dotted with `vpdpbusd`, and weighted by their integer sub-block
-//! scales in i32 lanes; the super-block scales and the minimum terms are applied once per 256.
+//! AVX-512 K-quant products (Q2_K..Q6_K with Q8_K activations). Q6_K has a kernel of its own
+//! here; Q2_K..Q5_K take the AVX2 tier's dot products, which every AVX-512 CPU can run and
+//! which on AMD Zen 4 are faster than the 512-bit versions they replaced (one token, one thread,
+//! `examples/gemv_speed`: Q2_K 34 against 28 Gweights/s, Q3_K 27 against 9, Q4_K 26 against 19,
+//! Q5_K 20 against 17; the 512-bit ones multiplied each 32 weights' sums by their scales with
+//! `vpmulld`, where the AVX2 ones pair scales into `vpmaddwd`).
 
 use std::arch::x86_64::*;
 
 use onebit_gguf::GgmlType;
 
-use super::matmul::{ByteDot, byte_rows, d16, dot_s8, hsum_i32};
-use crate::formats::kquants::q3k_scales;
+use super::matmul::{ByteDot, byte_rows, d16};
 use crate::formats::*;
 use crate::matmul::{RowKernel, TiledFn};
 
 pub(super) fn kernel(ty: GgmlType) -> Option<RowKernel> {
+    use crate::x86::avx2::kquants as avx2;
     use GgmlType::*;
-    let f: TiledFn = match ty {
-        Q2_K => |w, r, a, o| byte_rows(w, r, a, o, dot_q2_k as ByteDot),
-        Q3_K => |w, r, a, o| byte_rows(w, r, a, o, dot_q3_k as ByteDot),
-        Q4_K => |w, r, a, o| byte_rows(w, r, a, o, dot_q4_k as ByteDot),
-        Q5_K => |w, r, a, o| byte_rows(w, r, a, o, dot_q5_k as ByteDot),
-        Q6_K => |w, r, a, o| byte_rows(w, r, a, o, dot_q6_k as ByteDot),
+    let dot = match ty {
+        Q2_K => avx2::dot_q2_k,
+        Q3_K => avx2::dot_q3_k,
+        Q4_K => avx2::dot_q4_k,
+        Q5_K => avx2::dot_q5_k,
+        Q6_K => {
+            let f: TiledFn = |w, r, a, o| byte_rows(w, r, a, o, dot_q6_k as ByteDot);
+            return Some(RowKernel::Tiled(f));
+        }
         _ => return None,
     };
-    Some(RowKernel::Tiled(f))
+    Some(RowKernel::Dot(dot))
 }
 
 /// The first 32 bytes of `p` (bytes or signed bytes). The length check folds away: every caller
@@ -32,129 +38,6 @@ fn load32<T: Copy>(p: &[T]) -> __m256i {
     assert!(std::mem::size_of_val(p) >= 32);
     // SAFETY: 32 bytes inside `p` (just checked); an unaligned load.
     unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
-}
-
-/// Two 16-weight groups' scales as i32 lanes: lanes 0..4 `lo`, lanes 4..8 `hi`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512vl")]
-fn pair(lo: i32, hi: i32) -> __m256i {
-    _mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi)
-}
-
-/// Weighted integer sum for 32 unsigned weights: Σ q·a in 8 lanes, times per-16 scales.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-fn acc_u8(acc: __m256i, q: __m256i, a: __m256i, scales: __m256i) -> __m256i {
-    let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, a);
-    _mm256_add_epi32(acc, _mm256_mullo_epi32(p, scales))
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-fn acc_s8(acc: __m256i, q: __m256i, a: __m256i, scales: __m256i) -> __m256i {
-    _mm256_add_epi32(acc, _mm256_mullo_epi32(dot_s8(q, a), scales))
-}
-
-/// Σ_groups m_g · bsum_g for the minimum terms.
-fn min_term(mins: &[i32; 16], y: &BlockQ8K) -> i32 {
-    mins.iter().zip(&y.bsums).map(|(&m, &b)| m * b as i32).sum()
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-unsafe fn dot_q2_k(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let three = _mm256_set1_epi8(3);
-    let mut sumf = 0.0f32;
-    for (b, y) in blocks::<BlockQ2K>(w)[..n / QK_K].iter().zip(blocks::<BlockQ8K>(a)) {
-        let mut acc = _mm256_setzero_si256();
-        let mut mins = [0i32; 16];
-        for (g, m) in mins.iter_mut().enumerate() {
-            *m = (b.scales[g] >> 4) as i32;
-        }
-        for grp in 0..2 {
-            let q = load32(&b.qs[32 * grp..]);
-            for s in 0..4 {
-                let codes = _mm256_and_si256(_mm256_srl_epi16(q, _mm_set_epi64x(0, 2 * s as i64)), three);
-                let sub = 8 * grp + 2 * s;
-                let sc = pair((b.scales[sub] & 0x0f) as i32, (b.scales[sub + 1] & 0x0f) as i32);
-                acc = acc_u8(acc, codes, load32(&y.qs[128 * grp + 32 * s..]), sc);
-            }
-        }
-        sumf += y.d * d16(b.d) * hsum_i32(acc) as f32 - y.d * d16(b.dmin) * min_term(&mins, y) as f32;
-    }
-    sumf
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-unsafe fn dot_q3_k(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let (three, four, one) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4), _mm256_set1_epi8(1));
-    let mut sumf = 0.0f32;
-    for (b, y) in blocks::<BlockQ3K>(w)[..n / QK_K].iter().zip(blocks::<BlockQ8K>(a)) {
-        let scales = q3k_scales(&b.scales);
-        let hmask = load32(&b.hmask[..]);
-        let mut acc = _mm256_setzero_si256();
-        for grp in 0..2 {
-            let q = load32(&b.qs[32 * grp..]);
-            for s in 0..4 {
-                let low = _mm256_and_si256(_mm256_srl_epi16(q, _mm_set_epi64x(0, 2 * s as i64)), three);
-                let bit = (4 * grp + s) as i64;
-                let high = _mm256_and_si256(_mm256_srl_epi16(hmask, _mm_set_epi64x(0, bit)), one);
-                // A clear high bit subtracts 4: value = low + 4·high - 4.
-                let v = _mm256_sub_epi8(_mm256_add_epi8(low, _mm256_slli_epi16::<2>(high)), four);
-                let sub = 8 * grp + 2 * s;
-                let sc = pair(scales[sub] as i32, scales[sub + 1] as i32);
-                acc = acc_s8(acc, v, load32(&y.qs[128 * grp + 32 * s..]), sc);
-            }
-        }
-        sumf += d16(b.d) * y.d * hsum_i32(acc) as f32;
-    }
-    sumf
-}
-
-/// Q4_K and Q5_K share their scales, mins and nibble layout.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-fn k4_block(d: [u8; 2], dmin: [u8; 2], scales: &[u8; 12], qs: &[u8; 128], qh: Option<&[u8; 32]>, y: &BlockQ8K) -> f32 {
-    let (mask, one) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(1));
-    let mut acc = _mm256_setzero_si256();
-    let mut mins = [0i32; 16];
-    let high = qh.map(|h| load32(&h[..]));
-    for j in 0..4 {
-        let v = load32(&qs[32 * j..]);
-        let mut lo = _mm256_and_si256(v, mask);
-        let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
-        if let Some(h) = high {
-            let bit = |k: i64| _mm256_and_si256(_mm256_srl_epi16(h, _mm_set_epi64x(0, k)), one);
-            lo = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(bit(2 * j as i64)));
-            hi = _mm256_or_si256(hi, _mm256_slli_epi16::<4>(bit(2 * j as i64 + 1)));
-        }
-        let (sc0, m0) = scale_min_k4(2 * j, scales);
-        let (sc1, m1) = scale_min_k4(2 * j + 1, scales);
-        acc = acc_u8(acc, lo, load32(&y.qs[64 * j..]), pair(sc0 as i32, sc0 as i32));
-        acc = acc_u8(acc, hi, load32(&y.qs[64 * j + 32..]), pair(sc1 as i32, sc1 as i32));
-        mins[4 * j] = m0 as i32;
-        mins[4 * j + 1] = m0 as i32;
-        mins[4 * j + 2] = m1 as i32;
-        mins[4 * j + 3] = m1 as i32;
-    }
-    y.d * d16(d) * hsum_i32(acc) as f32 - y.d * d16(dmin) * min_term(&mins, y) as f32
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-unsafe fn dot_q4_k(w: &[u8], a: &[u8], n: usize) -> f32 {
-    blocks::<BlockQ4K>(w)[..n / QK_K]
-        .iter()
-        .zip(blocks::<BlockQ8K>(a))
-        .map(|(b, y)| k4_block(b.d, b.dmin, &b.scales, &b.qs, None, y))
-        .sum()
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-unsafe fn dot_q5_k(w: &[u8], a: &[u8], n: usize) -> f32 {
-    blocks::<BlockQ5K>(w)[..n / QK_K]
-        .iter()
-        .zip(blocks::<BlockQ8K>(a))
-        .map(|(b, y)| k4_block(b.d, b.dmin, &b.scales, &b.qs, Some(&b.qh), y))
-        .sum()
 }
 
 /// Q6_K: the unsigned 6-bit codes q with `vpmaddubsw`, weighted by their 16-value scales with

@@ -192,21 +192,6 @@ unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, nb: usize) -> [__
     ]
 }
 
-/// Signed 8-bit weights (32) times signed activations: |w| · (a · sign(w)), 8 i32 lanes.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) fn dot_s8(w: __m256i, a: __m256i) -> __m256i {
-    let neg = _mm256_movepi8_mask(w);
-    let sa = _mm256_mask_sub_epi8(a, neg, _mm256_setzero_si256(), a);
-    _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(w), sa)
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512vl")]
-pub(super) fn hsum_i32(v: __m256i) -> i32 {
-    _mm512_reduce_add_epi32(_mm512_zextsi256_si512(v))
-}
-
 /// The lanes of a vector of 16 that hold values `i .. n` (all 16 when 16 or more remain).
 #[inline(always)]
 fn lanes(i: usize, n: usize) -> __mmask16 {
