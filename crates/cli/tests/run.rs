@@ -194,6 +194,7 @@ fn bench_prints_llama_bench_s_table_and_with_spec_the_drafts_kept() {
     assert_eq!(rows[0][1..8], ["model", "size", "params", "backend", "threads", "test", "t/s"], "{table}");
     assert_eq!(rows.len(), 4, "{table}");
     assert_eq!((rows[2][6], rows[3][6], rows[3].len()), ("pp8", "tg4", 9), "{table}");
+    assert!(rows[2][1].starts_with("qwen3 ") && rows[2][1].ends_with(" Q8_0"), "the file type: {table}");
 
     // With --spec: tg decodes after the built-in copy request, without and with drafts.
     let args = ["bench", "-m", m, "-p", "0", "-n", "32", "-r", "1", "-t", "2", "--spec", "lookup"];

@@ -19,6 +19,7 @@ use onebit_model::{Device, KvCache, KvType, LogitsWanted, LoraUse, Model, ModelO
 use serde_json::json;
 
 use super::bench_spec::{self, SpecTotals};
+use super::quantize::rules::FileType;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -315,14 +316,20 @@ fn weight_totals(model: &Model) -> (u64, u64) {
     model.gguf().tensors().fold((0, 0), |(b, p), t| (b + t.data().len() as u64, p + t.n_elements()))
 }
 
-/// llama-bench style: architecture, size class and the type most of the weights are in.
+/// llama-bench style: architecture, size class and the file's type (`general.file_type`, as
+/// llama-quantize names it; else the type most of the weights are in).
 fn model_name(model: &Model, params: u64) -> String {
-    let mut by_type = std::collections::BTreeMap::new();
-    for t in model.gguf().tensors() {
-        *by_type.entry(t.ggml_type()).or_insert(0u64) += t.n_elements();
-    }
-    let main = by_type.iter().max_by_key(|(_, n)| **n).map(|(t, _)| t.to_string()).unwrap_or_default();
-    let label = model.gguf().metadata().opt_str("general.size_label").ok().flatten().map(str::to_string);
+    let md = model.gguf().metadata();
+    let file_type = md.opt_u32("general.file_type").ok().flatten();
+    let named = file_type.and_then(|id| FileType::ALL.iter().find(|f| f.id() == id)).map(|f| f.name().to_string());
+    let main = named.unwrap_or_else(|| {
+        let mut by_type = std::collections::BTreeMap::new();
+        for t in model.gguf().tensors() {
+            *by_type.entry(t.ggml_type()).or_insert(0u64) += t.n_elements();
+        }
+        by_type.iter().max_by_key(|(_, n)| **n).map(|(t, _)| t.to_string()).unwrap_or_default()
+    });
+    let label = md.opt_str("general.size_label").ok().flatten().map(str::to_string);
     let size = label.unwrap_or_else(|| match params {
         p if p >= 10_000_000_000 => format!("{:.0}B", p as f64 / 1e9),
         p if p >= 1_000_000_000 => format!("{:.1}B", p as f64 / 1e9),
