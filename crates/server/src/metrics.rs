@@ -126,6 +126,14 @@ impl Metrics {
                 ratio(used as f64, s.blocks.total as f64),
             );
             self.gauge("llamacpp:kv_cache_tokens", "KV-cache tokens.", (used * BLOCK_TOKENS) as f64);
+            if let Some(w) = s.window_blocks {
+                let used = w.total - w.free - w.cached_idle;
+                self.gauge(
+                    "onebit:kv_window_usage_ratio",
+                    "Usage of the sliding-window layers' own KV blocks. 1 means 100 percent usage.",
+                    ratio(used as f64, w.total as f64),
+                );
+            }
             self.gauge("llamacpp:requests_processing", "Number of requests processing.", s.running as f64);
             self.gauge("llamacpp:requests_deferred", "Number of requests deferred.", s.waiting as f64);
             self.counter("onebit:preemptions_total", "Sequences put back in the queue to free memory.", s.preemptions);
