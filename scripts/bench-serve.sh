@@ -38,7 +38,8 @@ run_levels() { # name port
 
 servers=${SERVERS:-onebit,llama}
 if [[ $servers == *onebit* ]]; then
-"$onebit" serve -m "$model" --port 18181 -t 2 --parallel $np -c "$ctx" --queue-size 256 2>"$out/onebit.log" &
+# Plain decoding, as llama-server does by default (onebit drafts by prompt lookup unless told).
+"$onebit" serve -m "$model" --port 18181 -t 2 --parallel $np -c "$ctx" --queue-size 256 --spec off 2>"$out/onebit.log" &
 pid=$!
 wait_ready 18181
 echo "== onebit serve"
