@@ -153,7 +153,7 @@ impl Attention<'_> {
         let scale = c.attn_scale;
         for qi in 0..nq {
             let pos = self.where_[u.t0 + qi / gsize].1;
-            let (lo, hi) = (self.first_seen(pos) - first, pos + 1 - first);
+            let (lo, hi) = (first_seen(self.window, pos) - first, pos + 1 - first);
             let row = &mut sc.scores[qi * span..(qi + 1) * span];
             row[lo..hi].iter_mut().for_each(|s| *s *= scale);
             self.kernels.softmax(&mut row[lo..hi]);
@@ -194,16 +194,16 @@ impl Attention<'_> {
 /// the window's start, rounded down to a run of rows (0 without a window). A sequence whose next
 /// position is `pos` never reads a row below it again.
 pub fn window_reads_from(window: Option<usize>, pos: usize) -> usize {
-    window.map_or(0, |w| (pos + 1).saturating_sub(w)) / ROW_BLOCK * ROW_BLOCK
+    first_seen(window, pos) / ROW_BLOCK * ROW_BLOCK
+}
+
+/// The first position the query at `pos` sees: 0, or the start of its sliding window of
+/// `window` (llama.cpp masks key p for query q when q − p ≥ window).
+fn first_seen(window: Option<usize>, pos: usize) -> usize {
+    window.map_or(0, |w| (pos + 1).saturating_sub(w))
 }
 
 impl Attention<'_> {
-    /// The first position the query at `pos` sees: 0, or the start of its sliding window
-    /// (llama.cpp masks key p for query q when q − p ≥ window).
-    fn first_seen(&self, pos: usize) -> usize {
-        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
-    }
-
     /// A sequence's rows `range` (keys or values of kv head `head`; the range starts on a
     /// block) as runs where they lie: blocks that follow each other in the table and in the
     /// pool (within a superblock) make one run.

@@ -203,7 +203,6 @@ struct TokenQkv<'a> {
     slot: usize,
 }
 
-/// Per sequence of a batch: its block table (borrowed from the batch).
 /// Per sequence of a batch: its block table, and that of its sliding-window layers.
 struct Tables<'a> {
     full: Vec<&'a [u32]>,

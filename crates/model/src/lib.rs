@@ -241,7 +241,7 @@ impl Model {
 
     /// A pool of `n_blocks` blocks for many sequences (see [`KvPool`]).
     pub fn new_pool(&self, n_blocks: usize) -> Result<KvPool, ModelError> {
-        KvPool::new_on(&self.config, [n_blocks; 2], self.kv_type, self.cuda.as_ref().map(|c| &**c.gpu()))
+        self.new_split_pool(n_blocks, n_blocks)
     }
 
     /// A pool whose sliding-window layers have `n_window_blocks` blocks of their own (see

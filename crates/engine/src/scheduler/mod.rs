@@ -161,12 +161,13 @@ impl Scheduler {
         let config = resolve(&engine, config)?;
         let model = engine.model();
         let n_blocks = config.kv_size / BLOCK_TOKENS;
-        let (kv, blocks) = match window_part(model.config(), &config) {
+        let part = window_part(model.config(), &config);
+        let window_tokens = part.as_ref().map(|p| p.n_blocks * BLOCK_TOKENS);
+        let (kv, blocks) = match part {
             Some(part) => (model.new_split_pool(n_blocks, part.n_blocks)?, KvBlocks::new(n_blocks, Some(part))),
             None => (model.new_pool(n_blocks)?, KvBlocks::new(n_blocks, None)),
         };
         let drafter = engine.draft().map(|d| draft::Drafter::new(d, model, n_blocks)).transpose()?;
-        let window_tokens = (kv.n_window_blocks() != n_blocks).then(|| kv.n_window_blocks() * BLOCK_TOKENS);
         let memory = PoolMemory { bytes: kv.capacity_bytes(), window_tokens };
         let shared = Arc::new(Shared { in_flight: AtomicUsize::new(0), next_id: AtomicU64::new(1) });
         let (tx, rx) = mpsc::channel();
