@@ -7,7 +7,10 @@
 //! blocks follow each other; `SCATTERED=1` reads them in blocks of 16 positions, 32 KiB
 //! apart (the pool's layout before superblocks, or a fragmented block table).
 //!
-//! `cargo run --release -p onebit-kernels --example attn_decode [DEPTH] [THREADS] [LAYERS]`
+//! With `q8_0` as the fourth argument the cache holds Q8_0 blocks (34 bytes per 32 values) and
+//! the queries are rounded to Q8_0 for the scores, as the model does.
+//!
+//! `cargo run --release -p onebit-kernels --example attn_decode [DEPTH] [THREADS] [LAYERS] [f16|q8_0]`
 
 use std::time::Instant;
 
@@ -24,6 +27,7 @@ fn main() {
     let threads: usize = arg(2).and_then(|s| s.parse().ok()).unwrap_or(2);
     let layers: usize = arg(3).and_then(|s| s.parse().ok()).unwrap_or(28);
     let scattered = std::env::var("SCATTERED").is_ok_and(|v| v == "1");
+    let q8 = arg(4).is_some_and(|s| s == "q8_0");
     let k = Kernels::new(KernelTier::best()).unwrap();
     let pool = Pool::new(threads);
     let blocks = depth.div_ceil(BLOCK);
@@ -35,10 +39,26 @@ fn main() {
             *x = half::f16::from_f32(((i * 7919 % 2003) as f32 / 1001.0 - 1.0) * 0.5).to_bits();
         }
     });
+    // The same cache as Q8_0 rows: per row of D values, D / 32 blocks of a scale and 32 bytes.
+    let row8 = D / 32 * 34;
+    let cache8: Vec<u8> = if q8 {
+        cache
+            .chunks(D)
+            .enumerate()
+            .flat_map(|(r, row)| {
+                row.chunks(32).flat_map(move |b| {
+                    let d = half::f16::from_f32(0.004 + (r % 7) as f32 * 0.001).to_bits().to_le_bytes();
+                    d.into_iter().chain(b.iter().map(|&x| (x % 251) as u8))
+                })
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let q: Vec<f32> = (0..HEADS * GROUP * D).map(|i| ((i * 104729 % 997) as f32 / 498.0 - 1.0) * 0.5).collect();
     let mut out = vec![0f32; HEADS * GROUP * D];
     let scratch = PerThread::new(threads, || (vec![0f32; GROUP * depth], vec![0f32; GROUP * D]));
-    let bytes = (layers * 2 * per * 2) as f64;
+    let bytes = if q8 { (layers * 2 * per / D * row8) as f64 } else { (layers * 2 * per * 2) as f64 };
     for rep in 0..6 {
         let t = Instant::now();
         let toks = 8;
@@ -49,16 +69,34 @@ fn main() {
                     // SAFETY: this thread's own slot.
                     let (scores, o) = unsafe { scratch.get(tid) };
                     for h in range {
-                        let runs = |v: usize| -> Vec<&[u16]> {
-                            let base = (l * 2 + v) * per;
+                        // Runs of rows, as (first row, rows) of the cache.
+                        let spans = |v: usize| -> Vec<(usize, usize)> {
+                            let base = (l * 2 + v) * per / D;
                             if scattered {
-                                (0..blocks).map(|b| &cache[base + (b * HEADS + h) * BLOCK * D..][..BLOCK * D]).collect()
+                                (0..blocks).map(|b| (base + (b * HEADS + h) * BLOCK, BLOCK)).collect()
                             } else {
-                                vec![&cache[base + h * blocks * BLOCK * D..][..blocks * BLOCK * D]]
+                                vec![(base + h * blocks * BLOCK, blocks * BLOCK)]
                             }
                         };
+                        let f16 = |v| spans(v).into_iter().map(|(r, n)| &cache[r * D..][..n * D]).collect::<Vec<_>>();
+                        let b8 =
+                            |v| spans(v).into_iter().map(|(r, n)| &cache8[r * row8..][..n * row8]).collect::<Vec<_>>();
+                        let (k16, v16, k8, v8);
+                        let (keys, values) = if q8 {
+                            (k8, v8) = (b8(0), b8(1));
+                            (Pages::Q8_0(&k8), Pages::Q8_0(&v8))
+                        } else {
+                            (k16, v16) = (f16(0), f16(1));
+                            (Pages::F16(&k16), Pages::F16(&v16))
+                        };
                         let qh = &q[h * GROUP * D..][..GROUP * D];
-                        k.gemm_nt_pages(qh, Pages::F16(&runs(0)), D, scores, depth);
+                        if q8 {
+                            let mut q8 = vec![0u8; GROUP * row8];
+                            k.quantize_q8_0(qh, &mut q8);
+                            k.scores_q8_0(&q8, &b8(0), D, scores, depth);
+                        } else {
+                            k.gemm_nt_pages(qh, keys, D, scores, depth);
+                        }
                         for r in 0..GROUP {
                             let row = &mut scores[r * depth..][..depth];
                             row.iter_mut().for_each(|s| *s *= 0.088);
@@ -66,7 +104,7 @@ fn main() {
                             k.round_f16(row);
                         }
                         o.fill(0.0);
-                        k.gemm_nn_acc_pages(scores, depth, Pages::F16(&runs(1)), D, o);
+                        k.gemm_nn_acc_pages(scores, depth, values, D, o);
                         // SAFETY: head h's row is this unit's alone.
                         unsafe { outs.row(h) }.copy_from_slice(o);
                     }

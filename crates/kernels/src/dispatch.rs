@@ -41,10 +41,13 @@ pub(crate) struct Table {
     /// each run taken alone, widened first if halves, which gives the same values).
     pub gemm_nt_pages: Option<GemmNtPages>,
     pub gemm_nn_acc_pages: Option<GemmNnAccPages>,
+    /// Scores of Q8_0 queries against runs of Q8_0 keys (see [`Kernels::scores_q8_0`]).
+    pub scores_q8_0: ScoresQ8,
 }
 
 pub(crate) type GemmNtPages = fn(&[f32], Pages, usize, &mut [f32], usize);
 pub(crate) type GemmNnAccPages = fn(&[f32], usize, Pages, usize, &mut [f32]);
+pub(crate) type ScoresQ8 = fn(&[u8], &[&[u8]], usize, &mut [f32], usize);
 
 /// Rows of keys or values in consecutive runs (the blocks of a paged cache): each run whole
 /// rows, all runs together the rows of a product.
@@ -591,6 +594,35 @@ impl Kernels {
         });
     }
 
+    /// Round rows of `k` values (`x`) to Q8_0 blocks as the products' activations are rounded:
+    /// the queries of [`Kernels::scores_q8_0`].
+    pub fn quantize_q8_0(&self, x: &[f32], out: &mut [u8]) {
+        assert!(
+            x.len().is_multiple_of(32) && out.len() == x.len() / 32 * 34,
+            "quantize_q8_0: {} values into {} bytes",
+            x.len(),
+            out.len()
+        );
+        (self.table.quantize_row)(ActFormat::Q8_0, x, out)
+    }
+
+    /// Attention scores against a Q8_0 key cache: `out[i·ldo + j]` is the dot of query row i of
+    /// `q` and key row j of `keys` (the rows of all runs in order), both rows of `k` values in
+    /// Q8_0 blocks, as llama.cpp takes it for such a cache: per block the exact integer dot
+    /// times the product of the two scales. Queries are rounded by [`Kernels::quantize_q8_0`].
+    pub fn scores_q8_0(&self, q: &[u8], keys: &[&[u8]], k: usize, out: &mut [f32], ldo: usize) {
+        assert!(k > 0 && k.is_multiple_of(32), "scores_q8_0: rows of {k} values are not whole blocks");
+        assert!(k <= MAX_HEAD, "scores_q8_0: rows of {k} values are wider than a head ({MAX_HEAD} at most)");
+        let row = k / 32 * 34;
+        let (m, n) = (q.len() / row, keys.iter().map(|r| r.len() / row).sum::<usize>());
+        assert!(
+            q.len() == m * row && keys.iter().all(|r| r.len().is_multiple_of(row)),
+            "scores_q8_0: rows are not whole"
+        );
+        assert!(m == 0 || (n <= ldo && (m - 1) * ldo + n <= out.len()), "scores_q8_0: output too small");
+        (self.table.scores_q8_0)(q, keys, k, out, ldo)
+    }
+
     /// Each run of `b` as f32 (halves widened into a per-thread buffer).
     fn each_run(&self, b: Pages, mut f: impl FnMut(&[f32])) {
         match b {
@@ -623,6 +655,9 @@ thread_local! {
     /// Per thread: the gate and up products of the rows it computes (see `matmul_glu_acts`).
     static GLU_SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
+
+/// The widest attention head the Q8_0 score kernels take (heads are 64 to 256 wide).
+pub const MAX_HEAD: usize = 512;
 
 /// Activations of fewer values than this are quantized on the calling thread: a parallel region
 /// costs a few microseconds, more than rounding a few tokens (e.g. 8 of SmolLM2's 576 values).

@@ -30,7 +30,7 @@ mod x86;
 
 pub use act::{ActFormat, Acts};
 pub use disjoint::DisjointRows;
-pub use dispatch::{BatchRounding, Glu, Kernels, Pages};
+pub use dispatch::{BatchRounding, Glu, Kernels, MAX_HEAD, Pages};
 pub use matmul::MatRef;
 pub use pack::{PackedMat, PackedStore, Packer};
 pub use pool::{PerThread, Pool};

@@ -144,6 +144,30 @@ fn gemm_nt_pages_lengths() {
 }
 
 #[test]
+fn scores_q8_0_and_its_queries_lengths() {
+    each_tier(|k| {
+        let q = [0u8; 3 * 34];
+        let keys = [0u8; 5 * 34];
+        let runs: &[&[u8]] = &[&keys[..2 * 34], &keys[2 * 34..]];
+        k.scores_q8_0(&q, runs, 32, &mut [0f32; 15], 5);
+        panics(k, "scores_q8_0 into a short output", || k.scores_q8_0(&q, runs, 32, &mut [0f32; 14], 5));
+        panics(k, "scores_q8_0 with ldo below n", || k.scores_q8_0(&q, runs, 32, &mut [0f32; 15], 4));
+        panics(k, "scores_q8_0 with queries not whole rows", || k.scores_q8_0(&q[..90], runs, 32, &mut [0f32; 15], 5));
+        panics(k, "scores_q8_0 with a run not whole rows", || {
+            k.scores_q8_0(&q, &[&keys[..35], &keys[35..]], 32, &mut [0f32; 15], 5)
+        });
+        panics(k, "scores_q8_0 with rows not whole blocks", || k.scores_q8_0(&q, runs, 16, &mut [0f32; 30], 10));
+        panics(k, "scores_q8_0 with rows wider than a head", || {
+            k.scores_q8_0(&[0u8; 17 * 34], &[&[0u8; 17 * 34]], 544, &mut [0f32; 1], 1)
+        });
+        let mut out = [0u8; 2 * 34];
+        k.quantize_q8_0(&[1.0; 64], &mut out);
+        panics(k, "quantize_q8_0 into a short output", || k.quantize_q8_0(&[1.0; 64], &mut out[..67]));
+        panics(k, "quantize_q8_0 of a part of a block", || k.quantize_q8_0(&[1.0; 48], &mut out[..51]));
+    });
+}
+
+#[test]
 fn gemm_nn_acc_pages_lengths() {
     each_tier(|k| {
         let (r0, r1) = ([1.0f32; 2 * 16], [1.0f32; 3 * 16]);

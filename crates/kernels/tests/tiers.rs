@@ -266,6 +266,56 @@ fn attention_products_over_runs_equal_those_over_gathered_rows() {
     }
 }
 
+/// Scores of Q8_0 queries against runs of Q8_0 keys (a q8_0 KV cache) on every tier against the
+/// scalar reference: the same integers and scales, added in another order (so within 1e-5 of
+/// the sum of the terms' magnitudes): odd numbers of queries and of rows, odd numbers of blocks.
+#[test]
+fn q8_0_scores_match_the_scalar_reference() {
+    let mut rng = Rng(0x5c08);
+    let scalar = Kernels::new(KernelTier::Scalar).unwrap();
+    for tier in simd_tiers() {
+        let k = Kernels::new(tier).unwrap();
+        for (m, d, runs) in [
+            (1, 128, vec![16, 16, 3]),
+            (2, 128, vec![16]),
+            (3, 64, vec![5, 1]),
+            (5, 32, vec![16, 7]),
+            (2, 96, vec![64, 64, 9]),
+            (17, 128, vec![16, 16, 16, 1]),
+            (4, 256, vec![300, 17]),
+            (7, 160, vec![33]),
+        ] {
+            let n: usize = runs.iter().sum();
+            let row = d / 32 * 34;
+            let (mut q, mut keys) = (vec![0u8; m * row], vec![0u8; n * row]);
+            let x: Vec<f32> = (0..m * d).map(|_| rng.f32() * 4.0).collect();
+            k.quantize_q8_0(&x, &mut q);
+            let x: Vec<f32> = (0..n * d).map(|_| rng.f32() * 4.0).collect();
+            onebit_kernels::formats::quantize(GgmlType::Q8_0, &x, &mut keys).unwrap();
+            let mut at = 0;
+            let mut kr = Vec::new();
+            for &len in &runs {
+                kr.push(&keys[at * row..(at + len) * row]);
+                at += len;
+            }
+            let (mut wq, mut wk) = (vec![0f32; m * d], vec![0f32; n * d]);
+            onebit_kernels::formats::dequantize(GgmlType::Q8_0, &q, &mut wq).unwrap();
+            onebit_kernels::formats::dequantize(GgmlType::Q8_0, &keys, &mut wk).unwrap();
+            let ldo = n + 3;
+            let (mut got, mut want) = (vec![0f32; m * ldo], vec![0f32; m * ldo]);
+            k.scores_q8_0(&q, &kr, d, &mut got, ldo);
+            scalar.scores_q8_0(&q, &kr, d, &mut want, ldo);
+            for i in 0..m {
+                for j in 0..n {
+                    let mag: f32 = (0..d).map(|c| (wq[i * d + c] * wk[j * d + c]).abs()).sum();
+                    let (a, b) = (got[i * ldo + j], want[i * ldo + j]);
+                    assert!((a - b).abs() <= 1e-5 * mag, "{tier} scores_q8_0 {m}x{n}x{d} [{i}][{j}]: {a} vs {b}");
+                }
+            }
+        }
+    }
+}
+
 /// The same for Q8_0 rows (a q8_0 KV cache): products over runs of blocks read as they are
 /// equal the products of the rows dequantized, on every tier: odd numbers of queries and rows,
 /// runs of one row to hundreds, heads of 32 to 256 values.

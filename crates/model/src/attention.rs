@@ -17,6 +17,7 @@
 //!
 //! Like llama.cpp without flash attention, products with an f16 cache are taken at f16
 //! precision: q is rounded to f16 before q·k, and the softmax weights before they scale v.
+//! With a Q8_0 cache, as llama.cpp does, q is rounded to Q8_0 and q·k taken in integers.
 
 use onebit_gguf::GgmlType;
 use onebit_kernels::formats::dequantize;
@@ -37,6 +38,8 @@ const _: () = assert!(ROW_BLOCK.is_multiple_of(BLOCK_TOKENS));
 #[derive(Default)]
 pub struct AttnScratch {
     q: Vec<f32>,
+    /// The queries rounded to Q8_0, for a Q8_0 cache.
+    q8: Vec<u8>,
     scores: Vec<f32>,
     rows: Vec<f32>,
     out: Vec<f32>,
@@ -138,7 +141,15 @@ impl Attention<'_> {
         // lie (widening halves or Q8_0 in the register). Many queries share a widened copy.
         // Either way every score gets the same bits.
         let direct = nq < DIRECT_QUERIES;
-        if direct {
+        if self.kv.kv_type() == KvType::Q8_0 {
+            // As llama.cpp does for such a cache: queries rounded to Q8_0, integer dots. The
+            // keys are read where they lie whatever the unit's size, so that a query's scores
+            // do not depend on it.
+            sc.q8.resize(nq * d / 32 * 34, 0);
+            self.kernels.quantize_q8_0(&sc.q, &mut sc.q8);
+            let pages = self.pages(table, first..seen_all, false, u.group);
+            self.kernels.scores_q8_0(&sc.q8, &pages.q8, d, &mut sc.scores, span);
+        } else if direct {
             let pages = self.pages(table, first..seen_all, false, u.group);
             self.kernels.gemm_nt_pages(&sc.q, pages.as_pages(), d, &mut sc.scores, span);
         } else {

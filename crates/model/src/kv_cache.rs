@@ -73,6 +73,13 @@ impl KvType {
                 config.head_dim, config.value_dim
             )));
         }
+        if self == KvType::Q8_0 && config.head_dim > onebit_kernels::MAX_HEAD {
+            return Err(ModelError::Unsupported(format!(
+                "a q8_0 KV cache takes keys of up to {} values (this model's are {}); use f16",
+                onebit_kernels::MAX_HEAD,
+                config.head_dim
+            )));
+        }
         Ok(())
     }
 

@@ -25,4 +25,5 @@ pub(crate) static TABLE: Table = Table {
     gemm_nn_acc: ops::gemm_nn_acc,
     gemm_nt_pages: None,
     gemm_nn_acc_pages: None,
+    scores_q8_0: ops::scores_q8_0,
 };

@@ -30,6 +30,7 @@ pub(crate) const TABLE: Table = Table {
     gemm_nn_acc: ops::gemm_nn_acc,
     gemm_nt_pages: None,
     gemm_nn_acc_pages: None,
+    scores_q8_0: crate::scalar::ops::scores_q8_0,
 };
 
 /// `acc + Σ` of four byte products per 32-bit lane (`sdot`; its intrinsic is not stable yet).

@@ -3,6 +3,7 @@
 //! TQ1_0, TQ2_0) and the float types, the activation quantizer, and every vector operation,
 //! eight lanes wide. Every weight type the scalar reference knows has an AVX2 kernel.
 
+mod attn_q8;
 mod floats;
 pub(crate) mod kquants;
 mod legacy;
@@ -35,6 +36,7 @@ pub(crate) const TABLE: Table = Table {
     gemm_nn_acc: ops::gemm_nn_acc,
     gemm_nt_pages: None,
     gemm_nn_acc_pages: None,
+    scores_q8_0: attn_q8::scores_q8_0,
 };
 
 /// Quantize one activation row, bit for bit as the reference does.

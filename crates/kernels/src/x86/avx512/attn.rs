@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 use crate::dispatch::Pages;
 
 #[inline(always)]
-fn mask(n: usize) -> __mmask16 {
+pub(super) fn mask(n: usize) -> __mmask16 {
     (((1u32 << n.min(16)) - 1) & 0xffff) as __mmask16
 }
 
@@ -78,6 +78,27 @@ pub(super) trait Elem {
     /// The lanes of `m` must lie inside the row, which lies inside one slice; `d` is a multiple
     /// of 16; AVX-512 F/BW/VL and F16C must be present.
     unsafe fn load(row: *const Self::E, d: usize, m: __mmask16) -> __m512;
+
+    /// What [`Elem::load_scaled`] needs of the block that holds values `d ..` (Q8_0: its scale),
+    /// so that the values of one block share it.
+    ///
+    /// # Safety
+    /// As for [`Elem::load`].
+    #[inline(always)]
+    unsafe fn scale(_row: *const Self::E, _d: usize) -> __m512 {
+        // SAFETY: register operations only (AVX-512 F, the contract).
+        unsafe { _mm512_setzero_ps() }
+    }
+
+    /// [`Elem::load`], given [`Elem::scale`] of the same block.
+    ///
+    /// # Safety
+    /// As for [`Elem::load`].
+    #[inline(always)]
+    unsafe fn load_scaled(row: *const Self::E, d: usize, m: __mmask16, _scale: __m512) -> __m512 {
+        // SAFETY: the same contract.
+        unsafe { Self::load(row, d, m) }
+    }
 }
 
 impl Elem for f32 {
@@ -116,12 +137,23 @@ impl Elem for Q8 {
 
     #[inline(always)]
     unsafe fn load(row: *const u8, d: usize, m: __mmask16) -> __m512 {
+        // SAFETY: the contract of `Elem::load`, which `scale` and `load_scaled` share.
+        unsafe { Self::load_scaled(row, d, m, Self::scale(row, d)) }
+    }
+
+    #[inline(always)]
+    unsafe fn scale(row: *const u8, d: usize) -> __m512 {
+        // SAFETY: the contract of `Elem::load`: value `d` lies in a block of the row, whose
+        // scale is its first two bytes; AVX-512 F and F16C.
+        unsafe { _mm512_cvtph_ps(_mm256_set1_epi16((row.add(d / 32 * 34) as *const i16).read_unaligned())) }
+    }
+
+    #[inline(always)]
+    unsafe fn load_scaled(row: *const u8, d: usize, m: __mmask16, scale: __m512) -> __m512 {
         // SAFETY: the contract of `Elem::load`: the 16 values from `d` (a multiple of 16) lie in
-        // one block of the row, whose scale is its first two bytes; AVX-512 F/BW/VL and F16C.
+        // one block of the row; AVX-512 F/BW/VL.
         unsafe {
-            let block = row.add(d / 32 * 34);
-            let scale = _mm512_cvtph_ps(_mm256_set1_epi16((block as *const i16).read_unaligned()));
-            let q = _mm_maskz_loadu_epi8(m, block.add(2 + d % 32) as *const i8);
+            let q = _mm_maskz_loadu_epi8(m, row.add(d / 32 * 34 + 2 + d % 32) as *const i8);
             _mm512_maskz_mul_ps(m, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), scale)
         }
     }
@@ -130,11 +162,11 @@ impl Elem for Q8 {
 /// Bytes ahead of the rows being read that the products ask for. Runs are a few KiB to a few
 /// hundred KiB scattered over the pool: the hardware prefetcher finds the long ones late and
 /// the short ones not at all, and decode attention is a stream of them.
-const AHEAD: usize = 4096;
+pub(super) const AHEAD: usize = 4096;
 
 /// Ask for the lines of bytes `from .. to` of a run (cut at its end) to be brought into L2.
 #[inline(always)]
-fn prefetch<B>(run: &[B], from: usize, to: usize) {
+pub(super) fn prefetch<B>(run: &[B], from: usize, to: usize) {
     let (p, to) = (run.as_ptr() as *const i8, to.min(std::mem::size_of_val(run)));
     let mut off = from & !63;
     while off < to {
@@ -280,7 +312,7 @@ unsafe fn chunk<B: Elem, const R: usize, const C: usize>(
 /// each by the same tree: y_i = x_i + x_{i+8}, z_i = y_i + y_{i+4}, w_i = z_i + z_{i+2},
 /// w_0 + w_1.
 #[inline(always)]
-unsafe fn hsum16(v: &[__m512; 16]) -> __m512 {
+pub(super) unsafe fn hsum16(v: &[__m512; 16]) -> __m512 {
     // SAFETY: the caller's contract: AVX-512 F is present (register operations only).
     unsafe {
         // [x_a + x_a' | x_b + x_b'], halves 256 bits apart.
@@ -384,7 +416,15 @@ unsafe fn acc_cols<B: Elem, const V: usize, const R: usize>(
         // Every vector but the last is whole.
         let last = mask(width - 16 * (V - 1));
         let lanes = |v: usize| if v + 1 < V { 0xffff } else { last };
-        let load = |row: *const B::E, v: usize| B::load(row, c0 + 16 * v, lanes(v));
+        // Values 32v' .. 32v' + 32 lie in one block (c0 is a multiple of 128): one scale each.
+        let scales = |row: *const B::E| -> [__m512; V] {
+            let mut s = [_mm512_setzero_ps(); V];
+            for v in (0..V).step_by(2) {
+                s[v] = B::scale(row, c0 + 16 * v);
+            }
+            s
+        };
+        let load = |row: *const B::E, v: usize, s: &[__m512; V]| B::load_scaled(row, c0 + 16 * v, lanes(v), s[v & !1]);
         let mut acc: [[__m512; V]; R] = std::array::from_fn(|r| {
             std::array::from_fn(|v| _mm512_maskz_loadu_ps(lanes(v), o.add(r * n + c0 + 16 * v)))
         });
@@ -408,9 +448,10 @@ unsafe fn acc_cols<B: Elem, const V: usize, const R: usize>(
                 }
                 let wv: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(w[r]));
                 let row = b.as_ptr().add(jl * row_len);
+                let sc = scales(row);
                 if zeros == 0 {
                     for v in 0..V {
-                        let x = load(row, v);
+                        let x = load(row, v, &sc);
                         for r in 0..R {
                             acc[r][v] = _mm512_fmadd_ps(wv[r], x, acc[r][v]);
                         }
@@ -421,7 +462,7 @@ unsafe fn acc_cols<B: Elem, const V: usize, const R: usize>(
                     for r in 0..R {
                         if w[r] != 0.0 {
                             for v in 0..V {
-                                acc[r][v] = _mm512_fmadd_ps(wv[r], load(row, v), acc[r][v]);
+                                acc[r][v] = _mm512_fmadd_ps(wv[r], load(row, v, &sc), acc[r][v]);
                             }
                         }
                     }

@@ -2,6 +2,7 @@
 //! f32 for everything else. Types without a kernel here use the scalar reference.
 
 mod attn;
+mod attn_q8;
 mod kquants;
 mod legacy16;
 mod matmul;
@@ -41,6 +42,7 @@ pub(crate) const TABLE: Table = Table {
     gemm_nn_acc: attn::gemm_nn_acc,
     gemm_nt_pages: Some(attn::gemm_nt_pages),
     gemm_nn_acc_pages: Some(attn::gemm_nn_acc_pages),
+    scores_q8_0: attn_q8::scores_q8_0,
 };
 
 pub(crate) fn row_kernel(ty: GgmlType) -> Option<RowKernel> {
