@@ -253,12 +253,15 @@ unsafe fn fill_planar_row(format: ActFormat, blocks_in: &[u8], out: &mut [u8], p
                 (&b.qs, f16_to_f32(u16::from_le_bytes(b.d)), Some(f16_to_f32(u16::from_le_bytes(b.s))))
             }
         };
-        let isum: i32 = qs.iter().map(|&q| q as i32).sum();
         // SAFETY: the row holds `cols` quants at 0, and block `i` is 32 of them.
-        unsafe {
+        let isum = unsafe {
             let q = _mm256_loadu_si256(qs.as_ptr() as *const __m256i);
             _mm256_storeu_si256(out.as_mut_ptr().add(32 * i) as *mut __m256i, q);
-        }
+            // Σ q = Σ (q + 128) − 32 · 128, the biased bytes summed by `vpsadbw` against zero.
+            let sums = _mm256_sad_epu8(_mm256_xor_si256(q, _mm256_set1_epi8(-128)), _mm256_setzero_si256());
+            let s = _mm_add_epi64(_mm256_castsi256_si128(sums), _mm256_extracti128_si256::<1>(sums));
+            (_mm_cvtsi128_si64(s) + _mm_extract_epi64::<1>(s)) as i32 - 32 * 128
+        };
         let s = s.unwrap_or(d * isum as f32);
         out[p.scales + 4 * i..][..4].copy_from_slice(&d.to_le_bytes());
         out[p.sums + 4 * i..][..4].copy_from_slice(&s.to_le_bytes());

@@ -32,11 +32,35 @@ pub(super) fn serves(acts: &Acts) -> bool {
     acts.format() == ActFormat::Q8_0x4 && acts.rows() >= MIN_TOKENS
 }
 
+/// Tokens from which a call expands each group's weights once, into a per-thread buffer that
+/// every tile of 16 tokens then reads (below it, each tile expands the weights itself; the
+/// expansion is about a tenth of the work of a tile of 16).
+const SHARED_TOKENS: usize = 32;
+
+/// Blocks expanded at a time (8 KiB each).
+const RANGE_BLOCKS: usize = 16;
+
+/// Bytes of activations that the tiles sharing an expansion may read: all of them are read
+/// again for every group of rows, so they should stay in L2 with the expanded weights.
+const SHARED_ACT_BYTES: usize = 512 << 10;
+
+thread_local! {
+    /// Per thread: expanded weights of up to [`RANGE_BLOCKS`] blocks of a group, and the float
+    /// sums of a chunk of tiles while a group's blocks go by in ranges.
+    static SHARED: std::cell::RefCell<(Vec<__m512i>, Vec<[[__m512; 4]; 16]>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
 /// Rows `rows` of the packed matrix for every token of `acts` (Q8_0x4).
 pub(super) fn rows(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr) {
     debug_assert!(serves(acts));
     let n = acts.rows();
     let mut t0 = 0;
+    if n >= SHARED_TOKENS {
+        // SAFETY: the table holding this kernel exists only on AVX-512 VNNI CPUs; this call
+        // owns rows `rows` of the output.
+        t0 = unsafe { shared_tiles(p, rows.clone(), acts, out) };
+    }
     while t0 < n {
         let left = n - t0;
         // SAFETY: the table holding this kernel exists only on AVX-512 VNNI CPUs; tokens
@@ -77,48 +101,166 @@ const BITS: [[u8; 64]; 2] = {
     b
 };
 
+/// Where the expanded weights of a group come from: for block `b`, quarter `q` (rows
+/// 16q .. 16q + 16) and vector `v` (weights 8v .. 8v + 8), the two vectors of bytes in {0, 2}
+/// of weights 8v .. 8v + 4 and 8v + 4 .. 8v + 8, sixteen rows in the sixteen lanes.
+trait Weights {
+    /// # Safety
+    /// `b` is a block this source holds, `q < 4`, `v < 16`; AVX-512 F/BW/VL.
+    unsafe fn get(&self, b: usize, q: usize, v: usize) -> [__m512i; 2];
+}
+
+/// Expanded from a group's packed bits when asked.
+struct Expand<'a> {
+    data: &'a [u8],
+    spread: __m512i,
+    bits: [__m512i; 2],
+    twos: __m512i,
+}
+
+impl<'a> Expand<'a> {
+    /// # Safety
+    /// AVX-512 F.
+    #[inline(always)]
+    unsafe fn new(data: &'a [u8]) -> Expand<'a> {
+        // SAFETY: the constants are 64 bytes each; AVX-512 F (the contract).
+        unsafe {
+            Expand {
+                data,
+                spread: _mm512_loadu_si512(SPREAD.as_ptr() as *const _),
+                bits: [
+                    _mm512_loadu_si512(BITS[0].as_ptr() as *const _),
+                    _mm512_loadu_si512(BITS[1].as_ptr() as *const _),
+                ],
+                twos: _mm512_set1_epi8(2),
+            }
+        }
+    }
+}
+
+impl Weights for Expand<'_> {
+    #[inline(always)]
+    unsafe fn get(&self, b: usize, q: usize, v: usize) -> [__m512i; 2] {
+        // SAFETY: vector `v` of block `b` (inside the group: the caller's contract) is 64 bytes
+        // at 128 + 64v; rows 16q .. 16q + 16 are its bytes 16q .. 16q + 16.
+        unsafe {
+            let blk = self.data.as_ptr().add(b * Q1_GROUP_BLOCK);
+            let src = _mm_loadu_si128(blk.add(2 * GROUP + 64 * v + 16 * q) as *const __m128i);
+            let x = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(src), self.spread);
+            self.bits.map(|bit| _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(x, bit), self.twos))
+        }
+    }
+}
+
+/// Read from a buffer of blocks `b0 ..` that [`Expand`] filled, in the order of [`Weights::get`].
+struct Expanded<'a> {
+    buf: &'a [__m512i],
+    b0: usize,
+}
+
+impl Weights for Expanded<'_> {
+    #[inline(always)]
+    unsafe fn get(&self, b: usize, q: usize, v: usize) -> [__m512i; 2] {
+        let at = (((b - self.b0) * 4 + q) * 16 + v) * 2;
+        [self.buf[at], self.buf[at + 1]]
+    }
+}
+
 /// Tokens `t0 .. t0 + T` against rows `rows`; returns `T`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
 unsafe fn tile<const T: usize>(p: &PackedMat, rows: Range<usize>, acts: &Acts, t0: usize, out: OutPtr) -> usize {
     let a: [PlanarRow; T] = std::array::from_fn(|t| planar_row(acts, t0 + t));
     let nb = p.cols / 128;
     for g in rows.start / GROUP..rows.end.div_ceil(GROUP) {
-        let row0 = g * GROUP;
-        let n = rows.end - row0;
-        // SAFETY: this tier's CPUs have the features `group` needs; it checks the group's length
-        // and reads each token's `cols` quants, which its planar row holds.
-        let res = unsafe { group::<T>(p.group(g), nb, &a) };
-        for (t, r) in res.iter().enumerate() {
-            for (q, v) in r.iter().enumerate() {
-                let mask = ((1u32 << n.saturating_sub(16 * q).min(16)) - 1) as __mmask16;
-                if mask != 0 {
-                    // SAFETY: this call owns rows `rows` of the output and the mask stops there.
-                    unsafe { _mm512_mask_storeu_ps(out.ptr_at(t0 + t, row0 + 16 * q), mask, *v) };
-                }
-            }
-        }
+        let data = p.group(g);
+        let mut res = [[_mm512_setzero_ps(); 4]; T];
+        // SAFETY: this tier's CPUs have the features; `group` checks the group's length and
+        // reads each token's `cols` quants, which its planar row holds.
+        unsafe { group::<T, _>(&Expand::new(data), data, 0..nb, &a, &mut res) };
+        // SAFETY: this call owns rows `rows` of the output.
+        unsafe { store(&res, g, rows.end, t0, out) };
     }
     T
 }
 
-/// One 64-row group against `T` tokens: per token, four vectors of sixteen rows (row order).
+/// Every full tile of 16 tokens against rows `rows`; returns the tokens done. Tiles go in
+/// chunks whose activations stay in L2, and for each chunk each group's weights are expanded
+/// once per range of blocks for all its tiles.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-unsafe fn group<const T: usize>(data: &[u8], nb: usize, a: &[PlanarRow; T]) -> [[__m512; 4]; T] {
-    let twos = _mm512_set1_epi8(2);
-    // SAFETY: the constants are 64 bytes each.
-    let (spread, bits) = unsafe {
-        (
-            _mm512_loadu_si512(SPREAD.as_ptr() as *const _),
-            [_mm512_loadu_si512(BITS[0].as_ptr() as *const _), _mm512_loadu_si512(BITS[1].as_ptr() as *const _)],
-        )
-    };
+unsafe fn shared_tiles(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr) -> usize {
+    let (tiles, nb) = (acts.rows() / 16, p.cols / 128);
+    let chunk = (SHARED_ACT_BYTES / (16 * p.cols)).clamp(2, tiles.max(2));
+    SHARED.with_borrow_mut(|(buf, sums)| {
+        buf.resize(RANGE_BLOCKS * 4 * 16 * 2, _mm512_setzero_si512());
+        sums.resize(chunk, [[_mm512_setzero_ps(); 4]; 16]);
+        for c0 in (0..tiles).step_by(chunk) {
+            let c1 = tiles.min(c0 + chunk);
+            for g in rows.start / GROUP..rows.end.div_ceil(GROUP) {
+                let data = p.group(g);
+                assert!(data.len() >= nb * Q1_GROUP_BLOCK);
+                for b0 in (0..nb).step_by(RANGE_BLOCKS) {
+                    let b1 = nb.min(b0 + RANGE_BLOCKS);
+                    // SAFETY: blocks b0 .. b1 < nb lie inside the group (asserted); AVX-512.
+                    let expand = unsafe { Expand::new(data) };
+                    for (i, v2) in buf.chunks_exact_mut(2).take((b1 - b0) * 64).enumerate() {
+                        let (b, q, v) = (b0 + i / 64, i / 16 % 4, i % 16);
+                        // SAFETY: as above.
+                        v2.copy_from_slice(&unsafe { expand.get(b, q, v) });
+                    }
+                    let weights = Expanded { buf, b0 };
+                    for (tile, res) in (c0..c1).zip(sums.iter_mut()) {
+                        let a: [PlanarRow; 16] = std::array::from_fn(|t| planar_row(acts, 16 * tile + t));
+                        if b0 == 0 {
+                            *res = [[_mm512_setzero_ps(); 4]; 16];
+                        }
+                        // SAFETY: as in `tile`; the buffer holds blocks b0 .. b1.
+                        unsafe { group::<16, _>(&weights, data, b0..b1, &a, res) };
+                        if b1 == nb {
+                            // SAFETY: this call owns rows `rows` of the output.
+                            unsafe { store(res, g, rows.end, 16 * tile, out) };
+                        }
+                    }
+                }
+            }
+        }
+    });
+    16 * tiles
+}
+
+/// Store the sums of group `g` for tokens `t0 ..`, rows below `end` only.
+///
+/// # Safety
+/// The caller owns those rows of the output for those tokens; AVX-512 F.
+#[inline(always)]
+unsafe fn store<const T: usize>(res: &[[__m512; 4]; T], g: usize, end: usize, t0: usize, out: OutPtr) {
+    let (row0, n) = (g * GROUP, end - g * GROUP);
+    for (t, r) in res.iter().enumerate() {
+        for (q, v) in r.iter().enumerate() {
+            let mask = ((1u32 << n.saturating_sub(16 * q).min(16)) - 1) as __mmask16;
+            if mask != 0 {
+                // SAFETY: the caller's contract, and the mask stops at `end`.
+                unsafe { _mm512_mask_storeu_ps(out.ptr_at(t0 + t, row0 + 16 * q), mask, *v) };
+            }
+        }
+    }
+}
+
+/// Blocks `blocks` of one 64-row group against `T` tokens, added to `accf` (per token, four
+/// vectors of sixteen rows, row order), the weights from `w`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+unsafe fn group<const T: usize, W: Weights>(
+    w: &W,
+    data: &[u8],
+    blocks: Range<usize>,
+    a: &[PlanarRow; T],
+    accf: &mut [[__m512; 4]; T],
+) {
     // From the stored scale order (rows 0-7,16-23 | 32-39,48-55 | 8-15,24-31 | 40-47,56-63).
     let lo = _mm512_set_epi32(23, 22, 21, 20, 19, 18, 17, 16, 7, 6, 5, 4, 3, 2, 1, 0);
     let hi = _mm512_set_epi32(31, 30, 29, 28, 27, 26, 25, 24, 15, 14, 13, 12, 11, 10, 9, 8);
     let qs: [*const i8; T] = std::array::from_fn(|t| a[t].qs.as_ptr());
-    let mut accf = [[_mm512_setzero_ps(); 4]; T];
-    assert!(data.len() >= nb * Q1_GROUP_BLOCK);
-    for b in 0..nb {
+    assert!(data.len() >= blocks.end * Q1_GROUP_BLOCK);
+    for b in blocks {
         // SAFETY: block `b` lies inside the group (asserted above).
         let blk = unsafe { data.as_ptr().add(b * Q1_GROUP_BLOCK) };
         // SAFETY: the block's 64 f16 scales are its first 128 bytes.
@@ -139,19 +281,14 @@ unsafe fn group<const T: usize>(data: &[u8], nb: usize, a: &[PlanarRow; T]) -> [
         for q in 0..4 {
             let mut acc = neg_sa;
             for v in 0..16 {
-                // SAFETY: vector `v` of the block is 64 bytes at 128 + 64v; rows 16q .. 16q + 16
-                // are its bytes 16q .. 16q + 16.
-                let x = unsafe {
-                    let src = _mm_loadu_si128(blk.add(2 * GROUP + 64 * v + 16 * q) as *const __m128i);
-                    _mm512_shuffle_epi8(_mm512_broadcast_i32x4(src), spread)
-                };
-                for (h, bit) in bits.iter().enumerate() {
-                    let w = _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(x, *bit), twos);
+                // SAFETY: block `b` is one `w` holds (the caller's contract), q < 4, v < 16.
+                let ws = unsafe { w.get(b, q, v) };
+                for (h, wh) in ws.iter().enumerate() {
                     let off = 128 * b + 8 * v + 4 * h;
                     for t in 0..T {
                         // SAFETY: each token's row holds `128 nb` quants.
                         let a4 = unsafe { (qs[t].add(off) as *const i32).read_unaligned() };
-                        acc[t] = _mm512_dpbusd_epi32(acc[t], w, _mm512_set1_epi32(a4));
+                        acc[t] = _mm512_dpbusd_epi32(acc[t], *wh, _mm512_set1_epi32(a4));
                     }
                 }
             }
@@ -161,5 +298,4 @@ unsafe fn group<const T: usize>(data: &[u8], nb: usize, a: &[PlanarRow; T]) -> [
             }
         }
     }
-    accf
 }
