@@ -44,10 +44,13 @@ const RANGE_BLOCKS: usize = 16;
 /// again for every group of rows, so they should stay in L2 with the expanded weights.
 const SHARED_ACT_BYTES: usize = 512 << 10;
 
+/// The float sums of a tile: per token, four vectors of sixteen rows.
+type TileSums = [[__m512; 4]; 16];
+
 thread_local! {
     /// Per thread: expanded weights of up to [`RANGE_BLOCKS`] blocks of a group, and the float
     /// sums of a chunk of tiles while a group's blocks go by in ranges.
-    static SHARED: std::cell::RefCell<(Vec<__m512i>, Vec<[[__m512; 4]; 16]>)> =
+    static SHARED: std::cell::RefCell<(Vec<__m512i>, Vec<TileSums>)> =
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
