@@ -215,7 +215,10 @@ fn bench_prints_llama_bench_s_table_and_with_spec_the_drafts_kept() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let table = text(&out.stdout);
     let last: Vec<&str> = table.lines().last().unwrap().split('|').map(str::trim).collect();
-    assert!(table.contains("drafts kept") && last[6] == "tg32 lookup" && last[8].contains(" %)"), "{table}");
+    // Drafts are taken only where the measured step costs say they pay, so under a loaded CPU
+    // this second run may take none ("-"); the JSON run above checked that they are taken.
+    let kept = last[8] == "-" || last[8].contains(" %)");
+    assert!(table.contains("drafts kept") && last[6] == "tg32 lookup" && kept, "{table}");
 
     let out = onebit(&["bench", "-m", m, "-d", "16", "--spec", "lookup"], None, &[]);
     assert!(!out.status.success() && text(&out.stderr).contains("-d"), "{}", text(&out.stderr));
