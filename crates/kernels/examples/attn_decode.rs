@@ -90,10 +90,10 @@ fn main() {
                             (Pages::F16(&k16), Pages::F16(&v16))
                         };
                         let qh = &q[h * GROUP * D..][..GROUP * D];
-                        if q8 {
+                        if let Pages::Q8_0(runs) = keys {
                             let mut q8 = vec![0u8; GROUP * row8];
                             k.quantize_q8_0(qh, &mut q8);
-                            k.scores_q8_0(&q8, &b8(0), D, scores, depth);
+                            k.scores_q8_0(&q8, runs, D, scores, depth);
                         } else {
                             k.gemm_nt_pages(qh, keys, D, scores, depth);
                         }

@@ -598,7 +598,7 @@ impl Kernels {
     /// the queries of [`Kernels::scores_q8_0`].
     pub fn quantize_q8_0(&self, x: &[f32], out: &mut [u8]) {
         assert!(
-            x.len().is_multiple_of(32) && out.len() == x.len() / 32 * 34,
+            x.len().is_multiple_of(32) && out.len() == ActFormat::Q8_0.row_bytes(x.len()),
             "quantize_q8_0: {} values into {} bytes",
             x.len(),
             out.len()
@@ -613,7 +613,7 @@ impl Kernels {
     pub fn scores_q8_0(&self, q: &[u8], keys: &[&[u8]], k: usize, out: &mut [f32], ldo: usize) {
         assert!(k > 0 && k.is_multiple_of(32), "scores_q8_0: rows of {k} values are not whole blocks");
         assert!(k <= MAX_HEAD, "scores_q8_0: rows of {k} values are wider than a head ({MAX_HEAD} at most)");
-        let row = k / 32 * 34;
+        let row = ActFormat::Q8_0.row_bytes(k);
         let (m, n) = (q.len() / row, keys.iter().map(|r| r.len() / row).sum::<usize>());
         assert!(
             q.len() == m * row && keys.iter().all(|r| r.len().is_multiple_of(row)),

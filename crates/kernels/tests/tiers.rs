@@ -266,6 +266,18 @@ fn attention_products_over_runs_equal_those_over_gathered_rows() {
     }
 }
 
+/// `bytes` cut into consecutive runs of `lens` rows of `row` bytes each (the blocks of a paged
+/// cache).
+fn runs_of<'a>(bytes: &'a [u8], row: usize, lens: &[usize]) -> Vec<&'a [u8]> {
+    let mut at = 0;
+    lens.iter()
+        .map(|&len| {
+            at += len;
+            &bytes[(at - len) * row..at * row]
+        })
+        .collect()
+}
+
 /// Scores of Q8_0 queries against runs of Q8_0 keys (a q8_0 KV cache) on every tier against the
 /// scalar reference: the same integers and scales, added in another order (so within 1e-5 of
 /// the sum of the terms' magnitudes): odd numbers of queries and of rows, odd numbers of blocks.
@@ -292,12 +304,7 @@ fn q8_0_scores_match_the_scalar_reference() {
             k.quantize_q8_0(&x, &mut q);
             let x: Vec<f32> = (0..n * d).map(|_| rng.f32() * 4.0).collect();
             onebit_kernels::formats::quantize(GgmlType::Q8_0, &x, &mut keys).unwrap();
-            let mut at = 0;
-            let mut kr = Vec::new();
-            for &len in &runs {
-                kr.push(&keys[at * row..(at + len) * row]);
-                at += len;
-            }
+            let kr = runs_of(&keys, row, &runs);
             let (mut wq, mut wk) = (vec![0f32; m * d], vec![0f32; n * d]);
             onebit_kernels::formats::dequantize(GgmlType::Q8_0, &q, &mut wq).unwrap();
             onebit_kernels::formats::dequantize(GgmlType::Q8_0, &keys, &mut wk).unwrap();
@@ -342,12 +349,7 @@ fn attention_products_over_q8_0_runs_equal_those_over_dequantized_rows() {
             onebit_kernels::formats::quantize(GgmlType::Q8_0, &x, &mut bytes).unwrap();
             let mut wide = vec![0f32; n * d];
             onebit_kernels::formats::dequantize(GgmlType::Q8_0, &bytes, &mut wide).unwrap();
-            let mut at = 0;
-            let mut qr = Vec::new();
-            for &len in &runs {
-                qr.push(&bytes[at * row..(at + len) * row]);
-                at += len;
-            }
+            let qr = runs_of(&bytes, row, &runs);
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             let ldo = n + 3;
             let mut want = vec![0f32; m * ldo];

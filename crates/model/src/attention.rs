@@ -138,8 +138,8 @@ impl Attention<'_> {
         sc.scores.resize(nq * span, 0.0);
         sc.rows.resize(ROW_BLOCK * d.max(dv), 0.0);
         // Few queries read each cached row once or twice: products read the blocks where they
-        // lie (widening halves or Q8_0 in the register). Many queries share a widened copy.
-        // Either way every score gets the same bits.
+        // lie (widening halves in the register). Many queries share a widened copy. Either way
+        // every score gets the same bits.
         let direct = nq < DIRECT_QUERIES;
         if self.kv.kv_type() == KvType::Q8_0 {
             // As llama.cpp does for such a cache: queries rounded to Q8_0, integer dots. The

@@ -108,18 +108,13 @@ pub fn gemm_nn_acc(a: &[f32], lda: usize, b: &[f32], n: usize, out: &mut [f32]) 
     }
 }
 
-/// Bytes of one Q8_0 row of `k` values (`k` a multiple of 32).
-pub(crate) fn q8_0_row_bytes(k: usize) -> usize {
-    k / 32 * 34
-}
-
 /// Attention scores against a Q8_0 key cache, with the queries quantized to Q8_0 as well (as
 /// llama.cpp's CPU backend does for such a cache): `out[i·ldo + j] = Σ_b (d_qb · d_kb) · I_b`,
 /// where `I_b` is the exact integer dot of block b of query row i and of key row j (the rows of
 /// all runs of `keys`, in order). Every tier takes the same integers and scales; how the blocks'
 /// terms are added may differ.
 pub fn scores_q8_0(q: &[u8], keys: &[&[u8]], k: usize, out: &mut [f32], ldo: usize) {
-    let row = q8_0_row_bytes(k);
+    let row = crate::act::ActFormat::Q8_0.row_bytes(k);
     fn block(r: &[u8], b: usize) -> (f32, impl Iterator<Item = i32> + '_) {
         let at = &r[b * 34..(b + 1) * 34];
         (crate::formats::f16_to_f32(u16::from_le_bytes([at[0], at[1]])), at[2..].iter().map(|&x| x as i8 as i32))

@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 use crate::dispatch::Pages;
 
 #[inline(always)]
-pub(super) fn mask(n: usize) -> __mmask16 {
+fn mask(n: usize) -> __mmask16 {
     (((1u32 << n.min(16)) - 1) & 0xffff) as __mmask16
 }
 
@@ -268,6 +268,24 @@ unsafe fn block<B: Elem, const R: usize, const C: usize>(
         if full < k {
             chunk::<B, R, C>(&mut acc, a, rows, k, full, mask(k - full));
         }
+        store_sums(&acc, out, ldo, c);
+    }
+}
+
+/// Store the lane sums of R × C accumulators (R·C ≤ 16): the sum of `acc[r][q]` at
+/// `out + r·ldo + q`, for q < `c`, each by the tree of [`hsum16`].
+///
+/// # Safety
+/// R rows of `c` floats at `out`, `ldo` apart; AVX-512 F.
+#[inline(always)]
+pub(super) unsafe fn store_sums<const R: usize, const C: usize>(
+    acc: &[[__m512; C]; R],
+    out: *mut f32,
+    ldo: usize,
+    c: usize,
+) {
+    // SAFETY: the caller's contract; the masks stop at `c` values a row.
+    unsafe {
         // Output (r, q) is lane C·r + q of the tree's result; `hsum16` puts input 4(o % 4) + o / 4
         // in lane o.
         let mut v = [_mm512_setzero_ps(); 16];
@@ -312,7 +330,7 @@ unsafe fn chunk<B: Elem, const R: usize, const C: usize>(
 /// each by the same tree: y_i = x_i + x_{i+8}, z_i = y_i + y_{i+4}, w_i = z_i + z_{i+2},
 /// w_0 + w_1.
 #[inline(always)]
-pub(super) unsafe fn hsum16(v: &[__m512; 16]) -> __m512 {
+unsafe fn hsum16(v: &[__m512; 16]) -> __m512 {
     // SAFETY: the caller's contract: AVX-512 F is present (register operations only).
     unsafe {
         // [x_a + x_a' | x_b + x_b'], halves 256 bits apart.

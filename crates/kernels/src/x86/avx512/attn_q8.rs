@@ -2,7 +2,7 @@
 //! 8-bit dots by `vpdpbusd`, two 32-value blocks to a vector (lanes 0–7 the first, 8–15 the
 //! second, each lane the sum of four products), each lane's integer turned to f32 and multiplied
 //! by its block's two scales into one accumulator per score, the 16 lanes then added by the tree
-//! of the f32 products ([`hsum16`]).
+//! of the f32 products ([`store_sums`]).
 //!
 //! Widening Q8_0 keys to f32 costs four vector operations per 16 values before the products
 //! (the scale, the sign extension, the conversion, the multiplication), and made decode
@@ -15,7 +15,7 @@
 
 use std::arch::x86_64::*;
 
-use super::attn::{AHEAD, hsum16, mask, prefetch};
+use super::attn::{AHEAD, prefetch, store_sums};
 
 /// Pairs of blocks a row may have.
 const MAX_PAIRS: usize = crate::dispatch::MAX_HEAD / 64;
@@ -144,20 +144,7 @@ unsafe fn cols<const R: usize, const C: usize>(
                     }
                 }
             }
-            // Score (r, c) is lane C·r + c of the tree's result; `hsum16` puts input
-            // 4(o % 4) + o / 4 in lane o.
-            let mut v = [_mm512_setzero_ps(); 16];
-            for (r, acc) in acc.iter().enumerate() {
-                for (c, &a) in acc.iter().enumerate() {
-                    let o = C * r + c;
-                    v[4 * (o % 4) + o / 4] = a;
-                }
-            }
-            let sums = hsum16(&v);
-            for r in 0..R {
-                let scores = _mm512_maskz_compress_ps(mask(C).wrapping_shl((C * r) as u32), sums);
-                _mm512_mask_storeu_ps(out.add(r * ldo + j), mask(live), scores);
-            }
+            store_sums(&acc, out.add(j), ldo, live);
             j += C;
         }
     }

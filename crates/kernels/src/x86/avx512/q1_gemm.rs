@@ -201,13 +201,13 @@ unsafe fn shared_tiles(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutP
             for g in rows.start / GROUP..rows.end.div_ceil(GROUP) {
                 let data = p.group(g);
                 assert!(data.len() >= nb * Q1_GROUP_BLOCK);
+                // SAFETY: AVX-512 F is enabled on this function.
+                let expand = unsafe { Expand::new(data) };
                 for b0 in (0..nb).step_by(RANGE_BLOCKS) {
                     let b1 = nb.min(b0 + RANGE_BLOCKS);
-                    // SAFETY: blocks b0 .. b1 < nb lie inside the group (asserted); AVX-512.
-                    let expand = unsafe { Expand::new(data) };
                     for (i, v2) in buf.chunks_exact_mut(2).take((b1 - b0) * 64).enumerate() {
                         let (b, q, v) = (b0 + i / 64, i / 16 % 4, i % 16);
-                        // SAFETY: as above.
+                        // SAFETY: blocks b0 .. b1 < nb lie inside the group (asserted); AVX-512.
                         v2.copy_from_slice(&unsafe { expand.get(b, q, v) });
                     }
                     let weights = Expanded { buf, b0 };
