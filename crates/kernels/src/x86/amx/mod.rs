@@ -41,7 +41,7 @@ use std::ops::Range;
 use onebit_gguf::GgmlType;
 
 use super::avx512;
-use super::prepare_planar;
+use super::{Lut, prepare_planar};
 use crate::act::{ActFormat, Acts, AlignedBuf};
 use crate::disjoint::DisjointRows;
 use crate::dispatch::Table;
@@ -181,7 +181,8 @@ fn tile_acts(acts: &Acts) -> Option<TileActs<'_>> {
 fn prepare(pool: &Pool, acts: &mut Acts, w_tys: &[GgmlType]) {
     let rows = acts.rows();
     let paths = |p: Path| w_tys.iter().any(|&t| expand::supports(t) && path(t, rows) == p);
-    let lut = w_tys.contains(&GgmlType::Q1_0) && path(GgmlType::Q1_0, rows) == Path::Vector;
+    let vector_q1 = w_tys.contains(&GgmlType::Q1_0) && path(GgmlType::Q1_0, rows) == Path::Vector;
+    let lut = if vector_q1 { Lut::Words } else { Lut::None };
     let planar = w_tys.iter().any(|&t| !expand::supports(t)) || paths(Path::Vector) || paths(Path::Narrow);
     let Some(geom) = Geometry::of(acts.format()).filter(|_| paths(Path::Pairs)) else {
         return prepare_planar(pool, acts, lut, 0);

@@ -22,7 +22,10 @@ pub(crate) const TABLE: Table = Table {
     row_kernel: matmul::kernel,
     quantize_row,
     batch_format: crate::dispatch::same_format,
-    prepare: |pool, acts, w_tys| super::prepare_planar(pool, acts, w_tys.contains(&GgmlType::Q1_0), 0),
+    prepare: |pool, acts, w_tys| {
+        let lut = if w_tys.contains(&GgmlType::Q1_0) { super::Lut::Bytes } else { super::Lut::None };
+        super::prepare_planar(pool, acts, lut, 0)
+    },
     pack: crate::pack::Packer::for_type,
     rms_norm: ops::rms_norm,
     softmax: ops::softmax,

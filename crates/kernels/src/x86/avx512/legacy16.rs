@@ -24,8 +24,6 @@ use crate::x86::Planar;
 
 /// Tokens that share one unpacking of a block.
 const TOKENS: usize = 8;
-/// How many blocks ahead the weights are prefetched.
-const PREFETCH_BLOCKS: usize = 2;
 
 /// Rows `rows` (whole groups, except at the end of the matrix) for every token of `acts`.
 pub(super) fn rows(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
@@ -122,13 +120,8 @@ unsafe fn group<const T: usize, const TY: u8>(data: &[u8], nb: usize, a: &Tokens
         // the quants, scales and sums of block b.
         unsafe {
             let blk = data.as_ptr().add(b * block);
-            // The weights stream from memory once: ask for all of the block after next now.
-            if b + PREFETCH_BLOCKS < nb {
-                let ahead = blk.add(PREFETCH_BLOCKS * block);
-                for line in (0..block).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.add(line) as *const i8);
-                }
-            }
+            // The weights stream from memory once.
+            crate::x86::prefetch_ahead(blk, block);
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
             let mw = m_at.map(|at| _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(at) as *const __m256i)));
             let q = blk.add(qs_at) as *const __m512i;

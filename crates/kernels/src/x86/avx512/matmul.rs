@@ -73,7 +73,7 @@ fn q1_0_rows(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
 }
 
 /// Packed Q1_0 (64-row groups) × Q8_0 by lookup: each 4 weight bits index the 16 precomputed
-/// sums ±a0±a1±a2±a3 of their activations, for 64 rows per `vpshufb`.
+/// sums ±a0±a1±a2±a3 of their activations, for 32 rows per `vpermw`.
 fn q1_0_packed(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr) {
     // SAFETY: the table holding this kernel exists only on AVX-512 CPUs.
     unsafe { q1_0_packed_rows(p, rows, acts, out) }
@@ -103,92 +103,152 @@ unsafe fn q1_0_packed_rows(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: 
     }
 }
 
-/// How many blocks ahead the lookup kernels prefetch their weights.
-const PREFETCH_BLOCKS: usize = 2;
+/// Where the scales of `rows` (16 rows of one half of a group) lie in two of the group's four
+/// scale vectors ([`scale_order`]: rows 0-7,16-23 | 32-39,48-55 | 8-15,24-31 | 40-47,56-63),
+/// as `vpermt2ps` indices over vectors 0 and 2 (rows below 32) or 1 and 3 (rows from 32).
+const fn scale_picks(rows: [usize; 16]) -> [i32; 16] {
+    let mut idx = [0i32; 16];
+    let mut i = 0;
+    while i < 16 {
+        let r = rows[i] % 32;
+        let (second, lane) = match r / 8 {
+            0 => (0, r),
+            1 => (1, r - 8),
+            2 => (0, r - 8),
+            _ => (1, r - 16),
+        };
+        idx[i] = (16 * second + lane) as i32;
+        i += 1;
+    }
+    idx
+}
 
-/// One 64-row group of a packed Q1_0 matrix against one token: four vectors of 16 rows.
+/// Rows `first, first + 2, …` (16 of them).
+const fn every_other(first: usize) -> [usize; 16] {
+    let mut rows = [0; 16];
+    let mut i = 0;
+    while i < 16 {
+        rows[i] = first + 2 * i;
+        i += 1;
+    }
+    rows
+}
+
+/// One 64-row group of a packed Q1_0 matrix against one token: four vectors of 16 rows, in row
+/// order.
+///
+/// Each 64-byte vector of weight bits (byte r: row r's eight weights of values `8v .. 8v + 8`)
+/// is read as 32 words, word i holding rows 2i and 2i + 1; shifts and masks make four vectors
+/// of indices from it: the low and the high nibble of the even rows and of the odd rows, the
+/// high ones plus 16. One vector holds the two groups' tables as words (`Lut::Words`), so that
+/// one `vpermw` looks up 32 rows. The sums come out for the even rows (0, 2, … 30; 32, … 62)
+/// and the odd rows, and go back to row order at the end.
 ///
 /// The float work is the AMX tiles' (see `rows16`): with Q8_0 activations, per 128-block
 /// `p = C_0·d_a0`, `p = fma(C_k, d_ak, p)` for the other three 32-blocks, `acc = fma(p, d_w,
 /// acc)`; with Q8_0x4 (`X4`: one scale for the 128) the four sums are added as integers (at
-/// most 128 · 127, so i16 holds them) and `p = C·d_a`.
+/// most 128 · 128, so i16 holds them) and `p = C·d_a`. Only the lanes differ from the other
+/// kernels, not the operations a row's value goes through.
 ///
 /// # Safety
 /// `data` is a group of a packed Q1_0 matrix of `nb` 128-blocks (`nb · Q1_GROUP_BLOCK` bytes),
-/// and `a` a planar row of `128 · nb` values with its lookup tables and `4 · nb` scales.
+/// and `a` a planar row of `128 · nb` values with its lookup tables as words and `4 · nb`
+/// scales.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, nb: usize) -> [__m512; 4] {
-    let m = _mm512_set1_epi8(0x0f);
+    const EVEN: [i32; 16] = scale_picks(every_other(0));
+    const ODD: [i32; 16] = scale_picks(every_other(1));
+    const FIRST: [i32; 16] = [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23];
+    const SECOND: [i32; 16] = [8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31];
+    // SAFETY: each constant is 16 i32.
+    let [even, odd, first, second] =
+        [EVEN, ODD, FIRST, SECOND].map(|c| unsafe { _mm512_loadu_si512(c.as_ptr() as *const _) });
+    // Lanes of `acc`: even rows 0-30, even rows 32-62, odd rows 1-31, odd rows 33-63.
     let mut acc = [_mm512_setzero_ps(); 4];
     for b in 0..nb {
         // SAFETY: block `b < nb` of the group (the contract).
         let blk = unsafe { data.as_ptr().add(b * Q1_GROUP_BLOCK) };
         // The weights stream from memory once: ask for the block after next now.
-        let ahead = data.as_ptr().wrapping_add((b + PREFETCH_BLOCKS) * Q1_GROUP_BLOCK);
-        if (b + PREFETCH_BLOCKS) < nb {
-            for line in (0..Q1_GROUP_BLOCK).step_by(64) {
-                // SAFETY: block `b + PREFETCH_BLOCKS < nb` of the group; a prefetch cannot fault.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.add(line) as *const i8) };
-            }
-        }
-        let mut t = [_mm512_setzero_ps(); 4];
-        let mut s_lo = _mm512_setzero_si512();
-        let mut s_hi = _mm512_setzero_si512();
-        for k in 0..4 {
-            if !X4 {
-                s_lo = _mm512_setzero_si512();
-                s_hi = _mm512_setzero_si512();
-            }
-            for j in 0..4 {
-                // SAFETY: vector `4k + j` of the 16 sign-bit vectors after the block's 64 scales
-                // (`2 · GROUP + 16 · 64 = Q1_GROUP_BLOCK` bytes), and the 64 table bytes of
-                // value group `32b + 8k + 2j` (two of 32) of the row's `128 · nb / 4` (the
-                // contract).
-                unsafe {
-                    let wv = _mm512_loadu_si512(blk.add(2 * GROUP + (4 * k + j) * 64) as *const _);
-                    let lo = _mm512_and_si512(wv, m);
-                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wv), m);
-                    let base = a.lut.as_ptr().add(32 * (32 * b + 8 * k + 2 * j));
-                    for (off, idx) in [(0, lo), (32, hi)] {
-                        let tl = _mm512_broadcast_i32x4(_mm_loadu_si128(base.add(off) as *const __m128i));
-                        let th = _mm512_broadcast_i32x4(_mm_loadu_si128(base.add(off + 16) as *const __m128i));
-                        let rl = _mm512_shuffle_epi8(tl, idx);
-                        let rh = _mm512_shuffle_epi8(th, idx);
-                        s_lo = _mm512_add_epi16(s_lo, _mm512_unpacklo_epi8(rl, rh));
-                        s_hi = _mm512_add_epi16(s_hi, _mm512_unpackhi_epi8(rl, rh));
-                    }
+        // The weights stream from memory once.
+        crate::x86::prefetch_ahead(blk, Q1_GROUP_BLOCK);
+        // SAFETY: the block's 16 vectors of sign bits and the row's tables of its 128 values
+        // (the contract).
+        let sums = |vs: Range<usize>| unsafe { lut_sums(blk.add(2 * GROUP), a.lut.as_ptr().add(64 * 16 * b), vs) };
+        // SAFETY: scale `4b + k < 4 · nb` of the row (the contract).
+        let scale = |k: usize| _mm512_set1_ps(unsafe { *a.scales.get_unchecked(4 * b + k) });
+        let t = if X4 {
+            let d = scale(0);
+            widen(sums(0..16)).map(|c| _mm512_mul_ps(_mm512_cvtepi32_ps(c), d))
+        } else {
+            let mut t = [_mm512_setzero_ps(); 4];
+            for k in 0..4 {
+                let (c, d) = (widen(sums(4 * k..4 * k + 4)), scale(k));
+                for q in 0..4 {
+                    let c = _mm512_cvtepi32_ps(c[q]);
+                    t[q] = if k == 0 { _mm512_mul_ps(c, d) } else { _mm512_fmadd_ps(c, d, t[q]) };
                 }
             }
-            if X4 && k < 3 {
-                continue;
-            }
-            // SAFETY: scale `4b + k < 4 · nb` of the row (the contract).
-            let d = _mm512_set1_ps(unsafe { *a.scales.get_unchecked(4 * b + if X4 { 0 } else { k }) });
-            let parts = [
-                _mm512_cvtepi16_epi32(_mm512_castsi512_si256(s_lo)),
-                _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64::<1>(s_lo)),
-                _mm512_cvtepi16_epi32(_mm512_castsi512_si256(s_hi)),
-                _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64::<1>(s_hi)),
-            ];
-            for q in 0..4 {
-                let c = _mm512_cvtepi32_ps(parts[q]);
-                t[q] = if k == 0 || X4 { _mm512_mul_ps(c, d) } else { _mm512_fmadd_ps(c, d, t[q]) };
-            }
-        }
-        for (q, tq) in t.iter().enumerate() {
-            // SAFETY: scales `16q .. 16q + 16` of the block's 64 (f16, at its start).
-            let d0 = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32 * q) as *const __m256i)) };
-            acc[q] = _mm512_fmadd_ps(*tq, d0, acc[q]);
+            t
+        };
+        // SAFETY: the block's 64 scales (f16) at its start, sixteen per vector in scale order.
+        let d: [__m512; 4] =
+            std::array::from_fn(|q| unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32 * q) as *const __m256i)) });
+        let scales = [
+            _mm512_permutex2var_ps(d[0], even, d[2]),
+            _mm512_permutex2var_ps(d[1], even, d[3]),
+            _mm512_permutex2var_ps(d[0], odd, d[2]),
+            _mm512_permutex2var_ps(d[1], odd, d[3]),
+        ];
+        for q in 0..4 {
+            acc[q] = _mm512_fmadd_ps(t[q], scales[q], acc[q]);
         }
     }
-    // From [`scale_order`] (rows 0-7,16-23 | 32-39,48-55 | 8-15,24-31 | 40-47,56-63) to row order.
-    let lo = _mm512_set_epi32(23, 22, 21, 20, 19, 18, 17, 16, 7, 6, 5, 4, 3, 2, 1, 0);
-    let hi = _mm512_set_epi32(31, 30, 29, 28, 27, 26, 25, 24, 15, 14, 13, 12, 11, 10, 9, 8);
     [
-        _mm512_permutex2var_ps(acc[0], lo, acc[2]),
-        _mm512_permutex2var_ps(acc[0], hi, acc[2]),
-        _mm512_permutex2var_ps(acc[1], lo, acc[3]),
-        _mm512_permutex2var_ps(acc[1], hi, acc[3]),
+        _mm512_permutex2var_ps(acc[0], first, acc[2]),
+        _mm512_permutex2var_ps(acc[0], second, acc[2]),
+        _mm512_permutex2var_ps(acc[1], first, acc[3]),
+        _mm512_permutex2var_ps(acc[1], second, acc[3]),
+    ]
+}
+
+/// The exact sums of the weight vectors `vs` of a block against their tables, for the even
+/// rows and for the odd rows of a group (see [`lut_group`]).
+///
+/// # Safety
+/// `bits` points at a block's 16 vectors of sign bits, `lut` at the 16 vectors of tables of its
+/// 128 values; AVX-512 F/BW.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn lut_sums(bits: *const u8, lut: *const u8, vs: Range<usize>) -> (__m512i, __m512i) {
+    let low = _mm512_set1_epi16(0x0f);
+    let plus16 = _mm512_set1_epi16(0x10);
+    let (mut even, mut odd) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+    for v in vs {
+        // SAFETY: vector `v < 16` of each (the contract).
+        let (w, table) = unsafe {
+            (_mm512_loadu_si512(bits.add(64 * v) as *const _), _mm512_loadu_si512(lut.add(64 * v) as *const _))
+        };
+        let lookup = |i| _mm512_permutexvar_epi16(i, table);
+        // The high nibbles index the second table: (x & 0x0f) | 0x10 in one instruction.
+        let second = _mm512_ternarylogic_epi32::<0xEA>(_mm512_srli_epi16::<4>(w), low, plus16);
+        even = _mm512_add_epi16(even, _mm512_add_epi16(lookup(_mm512_and_si512(w, low)), lookup(second)));
+        let first = _mm512_and_si512(_mm512_srli_epi16::<8>(w), low);
+        let second = _mm512_or_si512(_mm512_srli_epi16::<12>(w), plus16);
+        odd = _mm512_add_epi16(odd, _mm512_add_epi16(lookup(first), lookup(second)));
+    }
+    (even, odd)
+}
+
+/// Sums of 32 even and 32 odd rows (i16) as four vectors of i32: even rows 0-30, even rows
+/// 32-62, odd rows 1-31, odd rows 33-63.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+fn widen((even, odd): (__m512i, __m512i)) -> [__m512i; 4] {
+    [
+        _mm512_cvtepi16_epi32(_mm512_castsi512_si256(even)),
+        _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64::<1>(even)),
+        _mm512_cvtepi16_epi32(_mm512_castsi512_si256(odd)),
+        _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64::<1>(odd)),
     ]
 }
 

@@ -27,7 +27,7 @@ pub(crate) const TABLE: Table = Table {
     // The lookup tables serve only products that take the lookup kernel.
     prepare: |pool, acts, w_tys| {
         let lut = w_tys.contains(&GgmlType::Q1_0) && !q1_gemm::serves(acts);
-        super::prepare_planar(pool, acts, lut, 0)
+        super::prepare_planar(pool, acts, if lut { super::Lut::Words } else { super::Lut::None }, 0)
     },
     pack: crate::pack::Packer::for_type,
     rms_norm: ops::rms_norm,
