@@ -47,25 +47,6 @@ impl Planar {
     }
 }
 
-/// How far ahead of their reads the products of a few tokens ask for the weights they stream:
-/// six blocks of packed Q1_0, about 7 KB.
-pub(crate) const PREFETCH_AHEAD: usize = 6 * crate::pack::Q1_GROUP_BLOCK;
-
-/// Ask for the `len` bytes that lie [`PREFETCH_AHEAD`] after `at` to be brought into L2 (past
-/// the end of a group or a matrix too: the next group's rows follow, and a prefetch of an
-/// address outside any mapping is dropped, never a fault). Into L2, not L1: on Zen 4 the few
-/// L1 miss buffers capped the requests in flight, and decoding the 1.7B shape on two threads
-/// went from 72 to 101 tokens/s with this (two blocks ahead into L1 before).
-#[inline(always)]
-pub(crate) fn prefetch_ahead(at: *const u8, len: usize) {
-    use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
-    let p = at.wrapping_add(PREFETCH_AHEAD);
-    for line in (0..len).step_by(64) {
-        // SAFETY: SSE is part of x86-64, and a prefetch reads nothing into the program.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(line) as *const i8) };
-    }
-}
-
 /// A planar row, borrowed.
 #[derive(Clone, Copy)]
 pub(crate) struct PlanarRow<'a> {

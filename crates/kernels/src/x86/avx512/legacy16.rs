@@ -120,8 +120,6 @@ unsafe fn group<const T: usize, const TY: u8>(data: &[u8], nb: usize, a: &Tokens
         // the quants, scales and sums of block b.
         unsafe {
             let blk = data.as_ptr().add(b * block);
-            // The weights stream from memory once.
-            crate::x86::prefetch_ahead(blk, block);
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i));
             let mw = m_at.map(|at| _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(at) as *const __m256i)));
             let q = blk.add(qs_at) as *const __m512i;

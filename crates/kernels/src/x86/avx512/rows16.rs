@@ -75,17 +75,31 @@ unsafe fn rows_of<K: Codes>(w: &MatRef, rows: Range<usize>, acts: &Acts, out: Ou
             // SAFETY: rows row0 .. row0 + n of `w` lie at `base`, `rb` bytes apart, and this
             // call owns rows `rows` of the output, which the mask stops at.
             unsafe {
-                let acc =
-                    if x4 { group::<K, true>(base, rb, n, nwb, &a) } else { group::<K, false>(base, rb, n, nwb, &a) };
+                let ahead = t == 0;
+                let acc = if x4 {
+                    group::<K, true>(base, rb, n, nwb, &a, ahead)
+                } else {
+                    group::<K, false>(base, rb, n, nwb, &a, ahead)
+                };
                 _mm512_mask_storeu_ps(out.ptr_at(t, row0), mask, acc);
             }
         }
     }
 }
 
-/// Sixteen rows (the first `n` real, the others repeat the last) against one token.
+/// Sixteen rows (the first `n` real, the others repeat the last) against one token; with
+/// `ahead`, the weights a few KB on (the next groups' rows: they follow these) are asked for
+/// while the blocks go by.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-unsafe fn group<K: Codes, const X4: bool>(w: *const u8, rb: usize, n: usize, nwb: usize, a: &PlanarRow) -> __m512 {
+unsafe fn group<K: Codes, const X4: bool>(
+    w: *const u8,
+    rb: usize,
+    n: usize,
+    nwb: usize,
+    a: &PlanarRow,
+    ahead: bool,
+) -> __m512 {
+    let share = (16 * rb).div_ceil(nwb).next_multiple_of(64);
     let g = K::QK / K::KA;
     let rows: [*const u8; 16] = std::array::from_fn(|r| w.wrapping_add(r.min(n - 1) * rb));
     let idx = _mm512_mullo_epi32(
@@ -98,6 +112,9 @@ unsafe fn group<K: Codes, const X4: bool>(w: *const u8, rb: usize, n: usize, nwb
     let mut acc = _mm512_setzero_ps();
     for wb in 0..nwb {
         let at = wb * K::BYTES;
+        if ahead {
+            crate::prefetch_ahead(w.wrapping_add(wb * share), share);
+        }
         // SAFETY: the caller's contract: every row holds `nwb` whole blocks; the scale's u32 lies inside one.
         unsafe {
             let sc = _mm512_i32gather_epi32::<1>(idx, w.add(at + K::D_AT) as *const i32);
