@@ -88,8 +88,9 @@ unsafe fn rows_of<K: Codes>(w: &MatRef, rows: Range<usize>, acts: &Acts, out: Ou
 }
 
 /// Sixteen rows (the first `n` real, the others repeat the last) against one token; with
-/// `ahead`, the weights a few KB on (the next groups' rows: they follow these) are asked for
-/// while the blocks go by.
+/// `ahead`, the next sixteen rows (they follow these) are asked for while the blocks go by: all
+/// sixteen rows are read from their first block on, so the rows being read cannot be fetched
+/// ahead, only the next ones.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
 unsafe fn group<K: Codes, const X4: bool>(
     w: *const u8,
@@ -113,7 +114,7 @@ unsafe fn group<K: Codes, const X4: bool>(
     for wb in 0..nwb {
         let at = wb * K::BYTES;
         if ahead {
-            crate::prefetch_ahead(w.wrapping_add(wb * share), share);
+            crate::prefetch_l2(w.wrapping_add(16 * rb + wb * share), share);
         }
         // SAFETY: the caller's contract: every row holds `nwb` whole blocks; the scale's u32 lies inside one.
         unsafe {
