@@ -163,7 +163,7 @@ unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, nb: usize) -> [__
     // SAFETY: each constant is 16 i32.
     let [even, odd, first, second] =
         [EVEN, ODD, FIRST, SECOND].map(|c| unsafe { _mm512_loadu_si512(c.as_ptr() as *const _) });
-    // Lanes of `acc`: even rows 0-30, even rows 32-62, odd rows 1-31, odd rows 33-63.
+    // Lanes of `acc`: even rows 0-30, odd rows 1-31, even rows 32-62, odd rows 33-63.
     let mut acc = [_mm512_setzero_ps(); 4];
     for b in 0..nb {
         // SAFETY: block `b < nb` of the group (the contract).
@@ -190,24 +190,17 @@ unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, nb: usize) -> [__
             }
             t
         };
-        // SAFETY: the block's 64 scales (f16) at its start, sixteen per vector in scale order.
-        let d: [__m512; 4] =
-            std::array::from_fn(|q| unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32 * q) as *const __m256i)) });
-        let scales = [
-            _mm512_permutex2var_ps(d[0], even, d[2]),
-            _mm512_permutex2var_ps(d[1], even, d[3]),
-            _mm512_permutex2var_ps(d[0], odd, d[2]),
-            _mm512_permutex2var_ps(d[1], odd, d[3]),
-        ];
+        // SAFETY: a block of the group (the contract).
+        let scales = unsafe { super::q1_gemm::block_scales(blk, [even, odd]) };
         for q in 0..4 {
             acc[q] = _mm512_fmadd_ps(t[q], scales[q], acc[q]);
         }
     }
     [
-        _mm512_permutex2var_ps(acc[0], first, acc[2]),
-        _mm512_permutex2var_ps(acc[0], second, acc[2]),
-        _mm512_permutex2var_ps(acc[1], first, acc[3]),
-        _mm512_permutex2var_ps(acc[1], second, acc[3]),
+        _mm512_permutex2var_ps(acc[0], first, acc[1]),
+        _mm512_permutex2var_ps(acc[0], second, acc[1]),
+        _mm512_permutex2var_ps(acc[2], first, acc[3]),
+        _mm512_permutex2var_ps(acc[2], second, acc[3]),
     ]
 }
 
@@ -239,15 +232,15 @@ unsafe fn lut_sums(bits: *const u8, lut: *const u8, vs: Range<usize>) -> (__m512
     (even, odd)
 }
 
-/// Sums of 32 even and 32 odd rows (i16) as four vectors of i32: even rows 0-30, even rows
-/// 32-62, odd rows 1-31, odd rows 33-63.
+/// Sums of 32 even and 32 odd rows (i16) as four vectors of i32: even rows 0-30, odd rows
+/// 1-31, even rows 32-62, odd rows 33-63.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]
 fn widen((even, odd): (__m512i, __m512i)) -> [__m512i; 4] {
     [
         _mm512_cvtepi16_epi32(_mm512_castsi512_si256(even)),
-        _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64::<1>(even)),
         _mm512_cvtepi16_epi32(_mm512_castsi512_si256(odd)),
+        _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64::<1>(even)),
         _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64::<1>(odd)),
     ]
 }

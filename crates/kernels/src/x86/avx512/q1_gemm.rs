@@ -248,6 +248,27 @@ unsafe fn store<const T: usize>(res: &[[__m512; 4]; T], g: usize, end: usize, t0
     }
 }
 
+/// The 64 row scales of a packed Q1_0 block (f16, stored in [`crate::pack::scale_order`]: rows
+/// 0-7,16-23 | 32-39,48-55 | 8-15,24-31 | 40-47,56-63) as four vectors of the rows a kernel's
+/// lanes hold: `vpermt2ps` by `pick[0]`, then `pick[1]`, over stored vectors 0 and 2 (rows
+/// below 32), then the same over vectors 1 and 3.
+///
+/// # Safety
+/// `blk` points at a packed block (its scales are its first 128 bytes); AVX-512 F, F16C.
+#[target_feature(enable = "avx512f,f16c")]
+#[inline]
+pub(super) unsafe fn block_scales(blk: *const u8, pick: [__m512i; 2]) -> [__m512; 4] {
+    // SAFETY: the contract.
+    let d: [__m512; 4] =
+        std::array::from_fn(|i| unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32 * i) as *const __m256i)) });
+    [
+        _mm512_permutex2var_ps(d[0], pick[0], d[2]),
+        _mm512_permutex2var_ps(d[0], pick[1], d[2]),
+        _mm512_permutex2var_ps(d[1], pick[0], d[3]),
+        _mm512_permutex2var_ps(d[1], pick[1], d[3]),
+    ]
+}
+
 /// Blocks `blocks` of one 64-row group against `T` tokens, added to `accf` (per token, four
 /// vectors of sixteen rows, row order), the weights from `w`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
@@ -267,14 +288,7 @@ unsafe fn group<const T: usize, W: Weights>(
         // SAFETY: block `b` lies inside the group (asserted above).
         let blk = unsafe { data.as_ptr().add(b * Q1_GROUP_BLOCK) };
         // SAFETY: the block's 64 f16 scales are its first 128 bytes.
-        let ds: [__m512; 4] =
-            std::array::from_fn(|i| unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32 * i) as *const __m256i)) });
-        let dw = [
-            _mm512_permutex2var_ps(ds[0], lo, ds[2]),
-            _mm512_permutex2var_ps(ds[0], hi, ds[2]),
-            _mm512_permutex2var_ps(ds[1], lo, ds[3]),
-            _mm512_permutex2var_ps(ds[1], hi, ds[3]),
-        ];
+        let dw = unsafe { block_scales(blk, [lo, hi]) };
         let da: [__m512; T] = std::array::from_fn(|t| _mm512_set1_ps(a[t].scales[4 * b]));
         // The sums start at −Σa and add 2·a per set bit: C = 2·Σ a·b − Σ a.
         let neg_sa: [__m512i; T] = std::array::from_fn(|t| {
