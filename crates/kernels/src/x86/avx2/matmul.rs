@@ -91,7 +91,7 @@ unsafe fn lut_group(data: &[u8], a: PlanarRow, nb: usize) -> [f32; GROUP] {
         unsafe {
             let blk = data.as_ptr().add(b * Q1_GROUP_BLOCK);
             // The weights stream from memory once.
-            crate::prefetch_ahead(blk, Q1_GROUP_BLOCK);
+            crate::x86::prefetch_ahead(blk, Q1_GROUP_BLOCK);
             let mut t = [[_mm256_setzero_ps(); 4]; 2];
             for k in 0..4 {
                 let mut s = [[_mm256_setzero_si256(); 2]; 2];

@@ -170,7 +170,7 @@ unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, nb: usize) -> [__
         let blk = unsafe { data.as_ptr().add(b * Q1_GROUP_BLOCK) };
         // The weights stream from memory once: ask for the block after next now.
         // The weights stream from memory once.
-        crate::prefetch_ahead(blk, Q1_GROUP_BLOCK);
+        crate::x86::prefetch_ahead(blk, Q1_GROUP_BLOCK);
         // SAFETY: the block's 16 vectors of sign bits and the row's tables of its 128 values
         // (the contract).
         let sums = |vs: Range<usize>| unsafe { lut_sums(blk.add(2 * GROUP), a.lut.as_ptr().add(64 * 16 * b), vs) };

@@ -114,7 +114,7 @@ unsafe fn group<K: Codes, const X4: bool>(
     for wb in 0..nwb {
         let at = wb * K::BYTES;
         if ahead {
-            crate::prefetch_l2(w.wrapping_add(16 * rb + wb * share), share);
+            crate::x86::prefetch_l2(w.wrapping_add(16 * rb + wb * share), share);
         }
         // SAFETY: the caller's contract: every row holds `nwb` whole blocks; the scale's u32 lies inside one.
         unsafe {
