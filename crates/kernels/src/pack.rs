@@ -94,7 +94,7 @@ impl PackedMat {
 /// Where the kernels' sums for row `r` (0..64) of a group land: they produce the rows in the
 /// order of `vpunpcklbw`/`vpunpckhbw` and the i16→i32 widening, i.e. four vectors of sixteen:
 /// rows 0-7,16-23 | 32-39,48-55 | 8-15,24-31 | 40-47,56-63. Returns (vector, lane).
-pub fn scale_order(r: usize) -> (usize, usize) {
+pub const fn scale_order(r: usize) -> (usize, usize) {
     let (lane128, p) = (r / 16, r % 16);
     let high = p >= 8; // from unpackhi
     let vec = (high as usize) * 2 + lane128 / 2;

@@ -11,7 +11,7 @@ use onebit_gguf::GgmlType;
 use crate::act::{ActFormat, Acts};
 use crate::formats::*;
 use crate::matmul::{MatRef, OutPtr, RowKernel, TiledFn};
-use crate::pack::{GROUP, PackedMat, Q1_GROUP_BLOCK};
+use crate::pack::{GROUP, PackedMat, Q1_GROUP_BLOCK, scale_order};
 use crate::x86::{PlanarRow, planar_row};
 
 pub(super) fn kernel(ty: GgmlType) -> Option<RowKernel> {
@@ -104,20 +104,14 @@ unsafe fn q1_0_packed_rows(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: 
 }
 
 /// Where the scales of `rows` (16 rows of one half of a group) lie in two of the group's four
-/// scale vectors ([`scale_order`]: rows 0-7,16-23 | 32-39,48-55 | 8-15,24-31 | 40-47,56-63),
-/// as `vpermt2ps` indices over vectors 0 and 2 (rows below 32) or 1 and 3 (rows from 32).
+/// scale vectors ([`scale_order`]), as `vpermt2ps` indices over vectors 0 and 2 (rows below 32)
+/// or 1 and 3 (rows from 32).
 const fn scale_picks(rows: [usize; 16]) -> [i32; 16] {
     let mut idx = [0i32; 16];
     let mut i = 0;
     while i < 16 {
-        let r = rows[i] % 32;
-        let (second, lane) = match r / 8 {
-            0 => (0, r),
-            1 => (1, r - 8),
-            2 => (0, r - 8),
-            _ => (1, r - 16),
-        };
-        idx[i] = (16 * second + lane) as i32;
+        let (vector, lane) = scale_order(rows[i]);
+        idx[i] = (16 * (vector / 2) + lane) as i32;
         i += 1;
     }
     idx
@@ -168,7 +162,6 @@ unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, nb: usize) -> [__
     for b in 0..nb {
         // SAFETY: block `b < nb` of the group (the contract).
         let blk = unsafe { data.as_ptr().add(b * Q1_GROUP_BLOCK) };
-        // The weights stream from memory once: ask for the block after next now.
         // The weights stream from memory once.
         crate::x86::prefetch_ahead(blk, Q1_GROUP_BLOCK);
         // SAFETY: the block's 16 vectors of sign bits and the row's tables of its 128 values
