@@ -11,8 +11,10 @@ use onebit_gguf::GgmlType;
 use crate::act::{ActFormat, Acts};
 use crate::formats::*;
 use crate::matmul::{MatRef, OutPtr, RowKernel, TiledFn};
-use crate::pack::{GROUP, PackedMat, Q1_GROUP_BLOCK, scale_order};
+use crate::pack::{GROUP, PackedMat, Q1_GROUP_BLOCK};
 use crate::x86::{PlanarRow, planar_row};
+
+use super::q1_gemm::{block_scales, rows_from, scale_picks};
 
 pub(super) fn kernel(ty: GgmlType) -> Option<RowKernel> {
     use super::rows16 as r16;
@@ -103,31 +105,6 @@ unsafe fn q1_0_packed_rows(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: 
     }
 }
 
-/// Where the scales of `rows` (16 rows of one half of a group) lie in two of the group's four
-/// scale vectors ([`scale_order`]), as `vpermt2ps` indices over vectors 0 and 2 (rows below 32)
-/// or 1 and 3 (rows from 32).
-const fn scale_picks(rows: [usize; 16]) -> [i32; 16] {
-    let mut idx = [0i32; 16];
-    let mut i = 0;
-    while i < 16 {
-        let (vector, lane) = scale_order(rows[i]);
-        idx[i] = (16 * (vector / 2) + lane) as i32;
-        i += 1;
-    }
-    idx
-}
-
-/// Rows `first, first + 2, …` (16 of them).
-const fn every_other(first: usize) -> [usize; 16] {
-    let mut rows = [0; 16];
-    let mut i = 0;
-    while i < 16 {
-        rows[i] = first + 2 * i;
-        i += 1;
-    }
-    rows
-}
-
 /// One 64-row group of a packed Q1_0 matrix against one token: four vectors of 16 rows, in row
 /// order.
 ///
@@ -150,8 +127,8 @@ const fn every_other(first: usize) -> [usize; 16] {
 /// scales.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, nb: usize) -> [__m512; 4] {
-    const EVEN: [i32; 16] = scale_picks(every_other(0));
-    const ODD: [i32; 16] = scale_picks(every_other(1));
+    const EVEN: [i32; 16] = scale_picks(rows_from(0, 2));
+    const ODD: [i32; 16] = scale_picks(rows_from(1, 2));
     const FIRST: [i32; 16] = [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23];
     const SECOND: [i32; 16] = [8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31];
     // SAFETY: each constant is 16 i32.
@@ -184,7 +161,7 @@ unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, nb: usize) -> [__
             t
         };
         // SAFETY: a block of the group (the contract).
-        let scales = unsafe { super::q1_gemm::block_scales(blk, [even, odd]) };
+        let scales = unsafe { block_scales(blk, [even, odd]) };
         for q in 0..4 {
             acc[q] = _mm512_fmadd_ps(t[q], scales[q], acc[q]);
         }

@@ -20,7 +20,7 @@ use std::ops::Range;
 
 use crate::act::{ActFormat, Acts};
 use crate::matmul::OutPtr;
-use crate::pack::{GROUP, PackedMat, Q1_GROUP_BLOCK};
+use crate::pack::{GROUP, PackedMat, Q1_GROUP_BLOCK, scale_order};
 use crate::x86::{PlanarRow, planar_row};
 
 /// Tokens at which products switch from the lookup tables to this kernel (measured on Zen 4:
@@ -248,6 +248,31 @@ unsafe fn store<const T: usize>(res: &[[__m512; 4]; T], g: usize, end: usize, t0
     }
 }
 
+/// Where the scales of `rows` (16 rows of one half of a group) lie in two of the group's four
+/// scale vectors ([`scale_order`]), as `vpermt2ps` indices over vectors 0 and 2 (rows below 32)
+/// or 1 and 3 (rows from 32); see [`block_scales`].
+pub(super) const fn scale_picks(rows: [usize; 16]) -> [i32; 16] {
+    let mut idx = [0i32; 16];
+    let mut i = 0;
+    while i < 16 {
+        let (vector, lane) = scale_order(rows[i]);
+        idx[i] = (16 * (vector / 2) + lane) as i32;
+        i += 1;
+    }
+    idx
+}
+
+/// Rows `first, first + step, …` (16 of them).
+pub(super) const fn rows_from(first: usize, step: usize) -> [usize; 16] {
+    let mut rows = [0; 16];
+    let mut i = 0;
+    while i < 16 {
+        rows[i] = first + step * i;
+        i += 1;
+    }
+    rows
+}
+
 /// The 64 row scales of a packed Q1_0 block (f16, stored in [`crate::pack::scale_order`]: rows
 /// 0-7,16-23 | 32-39,48-55 | 8-15,24-31 | 40-47,56-63) as four vectors of the rows a kernel's
 /// lanes hold: `vpermt2ps` by `pick[0]`, then `pick[1]`, over stored vectors 0 and 2 (rows
@@ -279,9 +304,11 @@ unsafe fn group<const T: usize, W: Weights>(
     a: &[PlanarRow; T],
     accf: &mut [[__m512; 4]; T],
 ) {
-    // From the stored scale order (rows 0-7,16-23 | 32-39,48-55 | 8-15,24-31 | 40-47,56-63).
-    let lo = _mm512_set_epi32(23, 22, 21, 20, 19, 18, 17, 16, 7, 6, 5, 4, 3, 2, 1, 0);
-    let hi = _mm512_set_epi32(31, 30, 29, 28, 27, 26, 25, 24, 15, 14, 13, 12, 11, 10, 9, 8);
+    // Row order: rows 0-15 and 16-31 of each half.
+    const LO: [i32; 16] = scale_picks(rows_from(0, 1));
+    const HI: [i32; 16] = scale_picks(rows_from(16, 1));
+    // SAFETY: each constant is 16 i32.
+    let [lo, hi] = [LO, HI].map(|c| unsafe { _mm512_loadu_si512(c.as_ptr() as *const _) });
     let qs: [*const i8; T] = std::array::from_fn(|t| a[t].qs.as_ptr());
     assert!(data.len() >= blocks.end * Q1_GROUP_BLOCK);
     for b in blocks {
