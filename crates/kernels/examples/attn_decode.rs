@@ -10,7 +10,7 @@
 //! With `q8_0` as the fourth argument the cache holds Q8_0 blocks (34 bytes per 32 values) and
 //! the queries are rounded to Q8_0 for the scores, as the model does.
 //!
-//! `cargo run --release -p onebit-kernels --example attn_decode [DEPTH] [THREADS] [LAYERS] [f16|q8_0]`
+//! `cargo run --release -p onebit-kernels --example attn_decode [DEPTH] [THREADS] [LAYERS] [f16|q8_0] [TIER]`
 
 use std::time::Instant;
 
@@ -28,7 +28,8 @@ fn main() {
     let layers: usize = arg(3).and_then(|s| s.parse().ok()).unwrap_or(28);
     let scattered = std::env::var("SCATTERED").is_ok_and(|v| v == "1");
     let q8 = arg(4).is_some_and(|s| s == "q8_0");
-    let k = Kernels::new(KernelTier::best()).unwrap();
+    let tier = arg(5).map_or(KernelTier::best(), |s| s.parse().unwrap());
+    let k = Kernels::new(tier).unwrap();
     let pool = Pool::new(threads);
     let blocks = depth.div_ceil(BLOCK);
     // [layer][k|v][head][block][slot][dim], or [layer][k|v][block][head][slot][dim] scattered.

@@ -2,11 +2,16 @@
 //! values `P·V` (`gemm_nn_acc`) for `M` query rows against a block of `N` cached rows of
 //! `D` values, as attention calls them (prefill: 64 × 64; decode: the few query heads that
 //! share a kv head).
+//!
+//! Then the same products over a Q8_0 cache read where it lies (`scores_q8_0`, the queries
+//! rounded to Q8_0, and `gemm_nn_acc_pages`), in GB/s of cache bytes: decode attention over
+//! such a cache should read it at the memory's speed.
+//!
 //! `cargo run --release -p onebit-kernels --example attn_speed [M,..] [N] [D] [TIER]`
 
 use std::time::Instant;
 
-use onebit_kernels::{KernelTier, Kernels};
+use onebit_kernels::{KernelTier, Kernels, Pages};
 
 fn main() {
     let arg = |i: usize| std::env::args().nth(i);
@@ -43,5 +48,15 @@ fn main() {
             nn * 1e6,
             gf(nn)
         );
+        let row8 = d / 32 * 34;
+        let mut kv8 = vec![0u8; n * row8];
+        k.quantize_q8_0(&kv, &mut kv8);
+        let mut q8 = vec![0u8; m * row8];
+        k.quantize_q8_0(&q, &mut q8);
+        let runs = [&kv8[..]];
+        let sc = time(&mut || k.scores_q8_0(&q8, &runs, d, &mut s, n));
+        let pv = time(&mut || k.gemm_nn_acc_pages(&p, n, Pages::Q8_0(&runs), d, &mut o));
+        let gb = |secs: f64| kv8.len() as f64 / secs / 1e9;
+        println!("{tier} m={m:<3} n={n} d={d}: q8_0 scores {:>6.1} GB/s | q8_0 P·V {:>6.1} GB/s", gb(sc), gb(pv));
     }
 }

@@ -3,6 +3,7 @@
 //! TQ1_0, TQ2_0) and the float types, the activation quantizer, and every vector operation,
 //! eight lanes wide. Every weight type the scalar reference knows has an AVX2 kernel.
 
+mod attn;
 mod attn_q8;
 mod floats;
 pub(crate) mod kquants;
@@ -37,8 +38,8 @@ pub(crate) const TABLE: Table = Table {
     round_f16: ops::round_f16,
     gemm_nt: ops::gemm_nt,
     gemm_nn_acc: ops::gemm_nn_acc,
-    gemm_nt_pages: None,
-    gemm_nn_acc_pages: None,
+    gemm_nt_pages: Some(attn::gemm_nt_pages),
+    gemm_nn_acc_pages: Some(attn::gemm_nn_acc_pages),
     scores_q8_0: attn_q8::scores_q8_0,
 };
 

@@ -1,0 +1,339 @@
+//! AVX2 attention block products over a paged cache: `Q·Kᵀ` and `P·V` read each run of cached
+//! rows (f32, IEEE halves or Q8_0 blocks) where it lies, widening eight values at a time in the
+//! register. Without them every run was first widened into a buffer of f32 and read again from
+//! there, which made decode attention at depth on this tier half as fast as on AVX-512.
+//!
+//! Widening is exact, and every output goes through the operations of this tier's `gemm_nt`
+//! and `gemm_nn_acc` on the widened rows, in their order (the tiers test compares the bits), so
+//! a query gets the same bits whichever path its batch takes. Only the loads are shared: up to
+//! four query rows per key row for the scores; for `P·V`, up to three output rows per value
+//! row, over pieces of a run short enough to stay in L1 while every column range of every
+//! output row reads them.
+
+use std::arch::x86_64::*;
+
+use super::ops::hsum;
+use crate::dispatch::Pages;
+
+/// How the rows of a run are stored.
+trait Elem {
+    /// What the runs are slices of.
+    type E: Copy;
+
+    /// Elements of `E` in a row of `k` values.
+    fn row_len(k: usize) -> usize {
+        k
+    }
+
+    /// What [`Elem::load8`] needs of the block holding value `d` (Q8_0: its scale).
+    ///
+    /// # Safety
+    /// Value `d` lies in the row at `row`; AVX2 and F16C are present.
+    #[inline(always)]
+    unsafe fn scale(_row: *const Self::E, _d: usize) -> __m256 {
+        // SAFETY: register operations only (AVX, the contract).
+        unsafe { _mm256_setzero_ps() }
+    }
+
+    /// Values `d .. d + 8` of the row at `row` as f32, given [`Elem::scale`] of their block.
+    ///
+    /// # Safety
+    /// The 8 values lie in the row, in one block; AVX2 and F16C are present.
+    unsafe fn load8(row: *const Self::E, d: usize, scale: __m256) -> __m256;
+
+    /// Value `d` of the row at `row`, as f32.
+    ///
+    /// # Safety
+    /// Value `d` lies in the row.
+    unsafe fn value(row: *const Self::E, d: usize) -> f32;
+}
+
+impl Elem for f32 {
+    type E = f32;
+
+    #[inline(always)]
+    unsafe fn load8(row: *const f32, d: usize, _scale: __m256) -> __m256 {
+        // SAFETY: the 8 values lie in the row; AVX (the contract).
+        unsafe { _mm256_loadu_ps(row.add(d)) }
+    }
+
+    #[inline(always)]
+    unsafe fn value(row: *const f32, d: usize) -> f32 {
+        // SAFETY: value `d` lies in the row (the contract).
+        unsafe { *row.add(d) }
+    }
+}
+
+impl Elem for u16 {
+    type E = u16;
+
+    #[inline(always)]
+    unsafe fn load8(row: *const u16, d: usize, _scale: __m256) -> __m256 {
+        // SAFETY: the 8 halves lie in the row; F16C (the contract).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(row.add(d) as *const __m128i)) }
+    }
+
+    #[inline(always)]
+    unsafe fn value(row: *const u16, d: usize) -> f32 {
+        // SAFETY: value `d` lies in the row (the contract).
+        crate::formats::f16_to_f32(unsafe { *row.add(d) })
+    }
+}
+
+/// Rows of Q8_0 blocks (34 bytes: an f16 scale, then 32 signed bytes), widened as
+/// `dequantize_q8_0` widens them: `q as f32 · scale`, exact.
+struct Q8;
+
+impl Elem for Q8 {
+    type E = u8;
+
+    fn row_len(k: usize) -> usize {
+        k / 32 * 34
+    }
+
+    #[inline(always)]
+    unsafe fn scale(row: *const u8, d: usize) -> __m256 {
+        // SAFETY: value `d` lies in a block of the row, whose first two bytes are its scale
+        // (the contract); AVX and F16C.
+        unsafe {
+            let bits = (row.add(d / 32 * 34) as *const i16).read_unaligned();
+            _mm256_cvtph_ps(_mm_set1_epi16(bits))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load8(row: *const u8, d: usize, scale: __m256) -> __m256 {
+        // SAFETY: the 8 values (bytes) lie in one block of the row (the contract); AVX2.
+        unsafe {
+            let q = _mm_loadl_epi64(row.add(d / 32 * 34 + 2 + d % 32) as *const __m128i);
+            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), scale)
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn value(row: *const u8, d: usize) -> f32 {
+        // SAFETY: value `d` lies in a block of the row (the contract).
+        unsafe {
+            let blk = row.add(d / 32 * 34);
+            let scale = crate::formats::f16_to_f32((blk as *const u16).read_unaligned());
+            *blk.add(2 + d % 32) as i8 as f32 * scale
+        }
+    }
+}
+
+/// Bytes ahead of the row being read that the products ask for (as the AVX-512 tier's: runs
+/// are a few KiB to a few hundred KiB, too short or too scattered for the hardware prefetcher).
+const AHEAD: usize = 4096;
+
+/// Ask for bytes `from .. to` of `run` (cut at its end) to be brought into L2.
+#[inline(always)]
+fn prefetch<E>(run: &[E], from: usize, to: usize) {
+    let to = to.min(std::mem::size_of_val(run));
+    if from < to {
+        crate::x86::prefetch_l2((run.as_ptr() as *const u8).wrapping_add(from), to - from);
+    }
+}
+
+/// `out[i·ldo + j] = a_i · b_j` over the rows of all runs, each dot as this tier's `gemm_nt`
+/// takes it.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn gemm_nt_impl<B: Elem>(a: &[f32], pages: &[&[B::E]], k: usize, out: &mut [f32], ldo: usize) {
+    let m = a.len() / k;
+    let n: usize = pages.iter().map(|p| p.len() / B::row_len(k)).sum();
+    let mut i = 0;
+    while i < m {
+        let r = (m - i).min(4);
+        assert!((i + r) * k <= a.len() && (i + r - 1) * ldo + n <= out.len());
+        // SAFETY: rows i .. i + r of `a` and of `out` (n columns each) lie inside them (just
+        // checked), and every run holds whole rows of `k` (checked by `Kernels`).
+        unsafe {
+            let (pa, po) = (a.as_ptr().add(i * k), out.as_mut_ptr().add(i * ldo));
+            match r {
+                4 => dots::<B, 4>(pa, pages, k, po, ldo),
+                3 => dots::<B, 3>(pa, pages, k, po, ldo),
+                2 => dots::<B, 2>(pa, pages, k, po, ldo),
+                _ => dots::<B, 1>(pa, pages, k, po, ldo),
+            }
+        }
+        i += r;
+    }
+}
+
+/// `R` query rows at `a` against every row of the runs, into `R` rows of `out`: per pair, the
+/// recipe of `dot_f32` (two accumulators over chunks of 16, one more chunk of 8 into the first,
+/// their sum's `hsum`, then the scalar tail).
+///
+/// # Safety
+/// `R` rows of `k` at `a`; `R` rows of at least the runs' rows at `out`, `ldo` apart; every run
+/// whole rows of `k`; AVX2, FMA and F16C.
+#[inline(always)]
+unsafe fn dots<B: Elem, const R: usize>(a: *const f32, pages: &[&[B::E]], k: usize, out: *mut f32, ldo: usize) {
+    let (row_len, mut j) = (B::row_len(k), 0);
+    let row_bytes = row_len * std::mem::size_of::<B::E>();
+    for (pi, run) in pages.iter().enumerate() {
+        if let Some(next) = pages.get(pi + 1) {
+            prefetch(next, 0, AHEAD);
+        }
+        for jl in 0..run.len() / row_len {
+            prefetch(run, jl * row_bytes + AHEAD, (jl + 1) * row_bytes + AHEAD);
+            // SAFETY: row jl of the run, values below k; query values below k of R rows; output
+            // (r, j) for r < R (the contract).
+            unsafe {
+                let b = run.as_ptr().add(jl * row_len);
+                let (mut s0, mut s1) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
+                let mut d = 0;
+                while d + 16 <= k {
+                    let sc = B::scale(b, d);
+                    let (x0, x1) = (B::load8(b, d, sc), B::load8(b, d + 8, sc));
+                    for r in 0..R {
+                        s0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(r * k + d)), x0, s0[r]);
+                        s1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(r * k + d + 8)), x1, s1[r]);
+                    }
+                    d += 16;
+                }
+                if d + 8 <= k {
+                    let x0 = B::load8(b, d, B::scale(b, d));
+                    for r in 0..R {
+                        s0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(r * k + d)), x0, s0[r]);
+                    }
+                    d += 8;
+                }
+                for r in 0..R {
+                    let mut s = hsum(_mm256_add_ps(s0[r], s1[r]));
+                    for t in d..k {
+                        s += *a.add(r * k + t) * B::value(b, t);
+                    }
+                    *out.add(r * ldo + j) = s;
+                }
+            }
+            j += 1;
+        }
+    }
+}
+
+/// Rows of a run read together by every output row and column range of `P·V` (8 KiB of f16
+/// rows of 128: they stay in L1 between the passes).
+const PIECE: usize = 32;
+
+/// `out_i += Σ_j a[i·lda + j] · b_j` over the rows of all runs (`out` is m × n), each output
+/// lane as this tier's `gemm_nn_acc` takes it: an fma per row j in order, zero weights too, and
+/// the columns past the last multiple of 8 by scalar sums added at the end.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn gemm_nn_acc_impl<B: Elem>(a: &[f32], lda: usize, pages: &[&[B::E]], n: usize, out: &mut [f32]) {
+    let m = out.len() / n;
+    let kk: usize = pages.iter().map(|p| p.len() / B::row_len(n)).sum();
+    assert!(m == 0 || ((m - 1) * lda + kk <= a.len() && m * n <= out.len()));
+    let (row_len, full) = (B::row_len(n), n / 8 * 8);
+    let row_bytes = row_len * std::mem::size_of::<B::E>();
+    let mut j0 = 0;
+    for (pi, run) in pages.iter().enumerate() {
+        if let Some(next) = pages.get(pi + 1) {
+            prefetch(next, 0, AHEAD);
+        }
+        let rows = run.len() / row_len;
+        for p0 in (0..rows).step_by(PIECE) {
+            let p1 = rows.min(p0 + PIECE);
+            prefetch(run, p0 * row_bytes + AHEAD, p1 * row_bytes + AHEAD);
+            let mut i = 0;
+            while i < m {
+                let r = (m - i).min(3);
+                // SAFETY: rows i .. i + r of `out` and of `a` (weights j0 + p0 .. j0 + p1 < kk
+                // of each) lie inside them (asserted above); rows p0 .. p1 of the run are whole
+                // rows of `n`, and `full <= n`.
+                unsafe {
+                    let (pa, po) = (a.as_ptr().add(i * lda + j0), out.as_mut_ptr().add(i * n));
+                    let piece = run.as_ptr().add(p0 * row_len);
+                    match r {
+                        3 => weigh::<B, 3>(pa, lda, piece, p1 - p0, row_len, full, po, n),
+                        2 => weigh::<B, 2>(pa, lda, piece, p1 - p0, row_len, full, po, n),
+                        _ => weigh::<B, 1>(pa, lda, piece, p1 - p0, row_len, full, po, n),
+                    }
+                }
+                i += r;
+            }
+            j0 += p1 - p0;
+        }
+    }
+    for i in 0..m {
+        for c in full..n {
+            let w = &a[i * lda..i * lda + kk];
+            let col = pages.iter().flat_map(|run| run.chunks_exact(row_len));
+            // SAFETY: column c < n of a whole row of `n` values.
+            out[i * n + c] += w.iter().zip(col).map(|(&w, b)| w * unsafe { B::value(b.as_ptr(), c) }).sum::<f32>();
+        }
+    }
+}
+
+/// Columns `0 .. full` of `R` output rows (at `o`, `n` apart) plus the `rows` value rows at `b`
+/// (`row_len` elements apart) weighted by the `R` rows of weights at `p` (`lda` apart), 32
+/// columns (one Q8_0 block) at a time in registers.
+///
+/// # Safety
+/// `R` rows of at least `full` outputs at `o` and of `rows` weights at `p`; `rows` whole rows at
+/// `b`; `full` a multiple of 8 not above their width; AVX2, FMA and F16C.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn weigh<B: Elem, const R: usize>(
+    p: *const f32,
+    lda: usize,
+    b: *const B::E,
+    rows: usize,
+    row_len: usize,
+    full: usize,
+    o: *mut f32,
+    n: usize,
+) {
+    for c0 in (0..full).step_by(32) {
+        let vecs = ((full - c0) / 8).min(4);
+        // SAFETY: columns c0 .. c0 + 8·vecs ≤ full of R output rows, of every value row; R
+        // weights per value row (the contract).
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); 4]; R];
+            for (r, acc) in acc.iter_mut().enumerate() {
+                for (v, acc) in acc.iter_mut().enumerate().take(vecs) {
+                    *acc = _mm256_loadu_ps(o.add(r * n + c0 + 8 * v));
+                }
+            }
+            for j in 0..rows {
+                let row = b.add(j * row_len);
+                let sc = B::scale(row, c0);
+                let w: [__m256; R] = std::array::from_fn(|r| _mm256_broadcast_ss(&*p.add(r * lda + j)));
+                for v in 0..vecs {
+                    let x = B::load8(row, c0 + 8 * v, sc);
+                    for r in 0..R {
+                        acc[r][v] = _mm256_fmadd_ps(w[r], x, acc[r][v]);
+                    }
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                for (v, acc) in acc.iter().enumerate().take(vecs) {
+                    _mm256_storeu_ps(o.add(r * n + c0 + 8 * v), *acc);
+                }
+            }
+        }
+    }
+}
+
+pub(crate) fn gemm_nt_pages(a: &[f32], pages: Pages, k: usize, out: &mut [f32], ldo: usize) {
+    match pages {
+        // SAFETY: the AVX2 table (the only caller) is built only when the CPU reports AVX2, FMA
+        // and F16C (`KernelTier::is_available`); the kernel asserts its rows lie in its slices,
+        // and `Kernels` checked that every run is whole rows.
+        Pages::F32(p) => unsafe { gemm_nt_impl::<f32>(a, p, k, out, ldo) },
+        // SAFETY: as above.
+        Pages::F16(p) => unsafe { gemm_nt_impl::<u16>(a, p, k, out, ldo) },
+        // SAFETY: as above (`Kernels` checked that `k` is a multiple of 32, whole blocks).
+        Pages::Q8_0(p) => unsafe { gemm_nt_impl::<Q8>(a, p, k, out, ldo) },
+    }
+}
+
+pub(crate) fn gemm_nn_acc_pages(a: &[f32], lda: usize, pages: Pages, n: usize, out: &mut [f32]) {
+    match pages {
+        // SAFETY: as for `gemm_nt_pages`.
+        Pages::F32(p) => unsafe { gemm_nn_acc_impl::<f32>(a, lda, p, n, out) },
+        // SAFETY: as above.
+        Pages::F16(p) => unsafe { gemm_nn_acc_impl::<u16>(a, lda, p, n, out) },
+        // SAFETY: as above (`n` a multiple of 32).
+        Pages::Q8_0(p) => unsafe { gemm_nn_acc_impl::<Q8>(a, lda, p, n, out) },
+    }
+}
