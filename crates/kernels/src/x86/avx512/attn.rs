@@ -353,7 +353,7 @@ unsafe fn hsum16(v: &[__m512; 16]) -> __m512 {
     }
 }
 
-/// `out_i += Σ_j a[i·lda + j] · b_j` for rows `b_j` of `n` values (`out` is m × n). Three
+/// `out_i += Σ_j a[i·lda + j] · b_j` for rows `b_j` of `n` values (`out` is m × n). Up to four
 /// output rows at a time share each loaded row of `b`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 ///
@@ -363,15 +363,20 @@ fn gemm_nn_acc_impl<B: Elem>(a: &[f32], lda: usize, pages: &[&[B::E]], n: usize,
     let kk: usize = pages.iter().map(|p| p.len() / B::row_len(n)).sum();
     let mut i = 0;
     while i < m {
-        let r = (m - i).min(3);
+        // Four rows (the query heads of a Bonsai-8B-shape kv head) take 64 columns at a time
+        // in 16 accumulators: each value is widened once per pass for all four, where three
+        // rows and then one widened every value twice.
+        let r = (m - i).min(4);
+        let step = if r == 4 { 64 } else { 128 };
         assert!((i + r - 1) * lda + kk <= a.len() && (i + r) * n <= out.len());
-        for c0 in (0..n).step_by(128) {
-            let width = (n - c0).min(128);
+        for c0 in (0..n).step_by(step) {
+            let width = (n - c0).min(step);
             // SAFETY: rows i..i + r of `a` (kk values each) and of `out` lie inside them (just
             // checked), and `width` columns from `c0` lie inside every row of `out` and `b`.
             unsafe {
                 let (pa, po) = (a.as_ptr().add(i * lda), out.as_mut_ptr().add(i * n));
                 match r {
+                    4 => acc_rows::<B, 4>(pa, lda, pages, n, c0, width, po),
                     3 => acc_rows::<B, 3>(pa, lda, pages, n, c0, width, po),
                     2 => acc_rows::<B, 2>(pa, lda, pages, n, c0, width, po),
                     _ => acc_rows::<B, 1>(pa, lda, pages, n, c0, width, po),
@@ -434,7 +439,7 @@ unsafe fn acc_cols<B: Elem, const V: usize, const R: usize>(
         // Every vector but the last is whole.
         let last = mask(width - 16 * (V - 1));
         let lanes = |v: usize| if v + 1 < V { 0xffff } else { last };
-        // Values 32v' .. 32v' + 32 lie in one block (c0 is a multiple of 128): one scale each.
+        // Values 32v' .. 32v' + 32 lie in one block (c0 is a multiple of 64): one scale each.
         let scales = |row: *const B::E| -> [__m512; V] {
             let mut s = [_mm512_setzero_ps(); V];
             for v in (0..V).step_by(2) {

@@ -1,105 +1,84 @@
-//! AVX-512 attention scores against a Q8_0 key cache, the queries rounded to Q8_0 too: exact
-//! 8-bit dots by `vpdpbusd`, two 32-value blocks to a vector (lanes 0–7 the first, 8–15 the
-//! second, each lane the sum of four products), each lane's integer turned to f32 and multiplied
-//! by its block's two scales into one accumulator per score, the 16 lanes then added by the tree
-//! of the f32 products ([`store_sums`]).
+//! AVX-512 attention scores against a Q8_0 key cache, the queries rounded to Q8_0 too: sixteen
+//! keys at a time, one key in each lane, so that a block's exact 8-bit dot comes whole out of
+//! eight `vpdpbusd` (four bytes of every key against the same four bytes of the query,
+//! broadcast), with no sum across lanes. Per query and block that is then one conversion, one
+//! multiplication of scales and one fused multiply-add for sixteen keys.
 //!
-//! Widening Q8_0 keys to f32 costs four vector operations per 16 values before the products
-//! (the scale, the sign extension, the conversion, the multiplication), and made decode
-//! attention over such a cache slower than over an f16 one of twice the bytes. Here a vector of
-//! 64 key values costs one exclusive-or, and per query one `vpdpbusd`, one conversion, one
-//! multiplication of scales and one fused multiply-add.
+//! The cache keeps a key's blocks side by side (34 bytes: a scale, 32 bytes), so the sixteen
+//! keys' bytes of a block are turned on their side in the registers: two keys to a vector, then
+//! three rounds of unpacking and one permutation (24 shuffles for 512 bytes), shared by every
+//! query of the kv head. Before, a vector held two blocks of one key and each query took a
+//! conversion, a multiplication and an fma per 64 bytes and then a tree of sums across the
+//! lanes: 15–20 GB/s from L2 with the two queries of a 1.7B-shape kv head, slower than the
+//! memory feeds two cores.
 //!
 //! `vpdpbusd` multiplies unsigned by signed bytes: a key byte k is taken as k + 128 (its top
-//! bit flipped), and each lane starts from −128 times the sum of its four query bytes.
+//! bit flipped), and each dot starts from −128 times the sum of the query block's bytes. A
+//! score is `Σ_b float(I_b) · (d_qb · d_kb)`, the blocks added in order by fma, the same for a
+//! key whichever lane or group of sixteen it falls in.
 
 use std::arch::x86_64::*;
 
-use super::attn::{AHEAD, prefetch, store_sums};
+use super::attn::{AHEAD, prefetch};
 
-/// Pairs of blocks a row may have.
-const MAX_PAIRS: usize = crate::dispatch::MAX_HEAD / 64;
+/// Blocks a row may have.
+const MAX_BLOCKS: usize = crate::dispatch::MAX_HEAD / 32;
 
-/// One query row, per pair of blocks: its bytes, the correction each lane starts from, and its
-/// scales (lanes 8–15 zero past an odd last block).
-#[derive(Clone, Copy)]
-struct Query {
-    bytes: [__m512i; MAX_PAIRS],
-    start: [__m512i; MAX_PAIRS],
-    scale: [__m512; MAX_PAIRS],
+/// Query rows taken against each group of keys at a time.
+const ROWS: usize = 4;
+
+/// Per query row and block: −128 · the sum of its bytes, and its scale.
+struct Queries {
+    start: [[i32; MAX_BLOCKS]; ROWS],
+    scale: [[f32; MAX_BLOCKS]; ROWS],
 }
 
-/// The bytes of blocks `2p` and `2p + 1` of the Q8_0 row at `row` (`nb` blocks), and their
-/// scales as f32 (each over its block's 8 lanes; zero bytes and scale past the last block).
-///
-/// # Safety
-/// `row` points at `nb` whole blocks (34 bytes each), `2p < nb`; AVX-512 F/BW/VL and F16C.
-#[inline(always)]
-unsafe fn pair(row: *const u8, p: usize, nb: usize) -> (__m512i, __m512) {
-    // SAFETY: blocks 2p and (when it exists) 2p + 1 lie inside the row (the contract); each is
-    // a 2-byte scale and then 32 bytes.
-    unsafe {
-        let b0 = row.add(68 * p);
-        let d0 = (b0 as *const i16).read_unaligned();
-        let lo = _mm256_loadu_si256(b0.add(2) as *const __m256i);
-        if 2 * p + 1 < nb {
-            let b1 = b0.add(34);
-            let d1 = (b1 as *const i16).read_unaligned();
-            let hi = _mm256_loadu_si256(b1.add(2) as *const __m256i);
-            let d = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(_mm_set1_epi16(d0)), _mm_set1_epi16(d1));
-            (_mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi), _mm512_cvtph_ps(d))
-        } else {
-            let d = _mm256_zextsi128_si256(_mm_set1_epi16(d0));
-            (_mm512_zextsi256_si512(lo), _mm512_cvtph_ps(d))
+impl Queries {
+    /// The rows of `row` bytes at `q`, `r` of them, each `nb` blocks.
+    fn new(q: &[u8], r: usize, nb: usize) -> Queries {
+        let mut qs = Queries { start: [[0; MAX_BLOCKS]; ROWS], scale: [[0.0; MAX_BLOCKS]; ROWS] };
+        for (t, qr) in q.chunks_exact(nb * 34).take(r).enumerate() {
+            for (b, blk) in qr.chunks_exact(34).enumerate() {
+                qs.scale[t][b] = crate::formats::f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
+                qs.start[t][b] = -128 * blk[2..].iter().map(|&x| x as i8 as i32).sum::<i32>();
+            }
         }
-    }
-}
-
-/// # Safety
-/// As for [`pair`], over every pair of the row (`nb <= 2 · MAX_PAIRS`); AVX-512 VNNI.
-#[inline(always)]
-unsafe fn query(row: *const u8, nb: usize) -> Query {
-    // SAFETY: the caller's contract is `pair`'s for every p < nb.div_ceil(2).
-    unsafe {
-        let mut q = Query {
-            bytes: [_mm512_setzero_si512(); MAX_PAIRS],
-            start: [_mm512_setzero_si512(); MAX_PAIRS],
-            scale: [_mm512_setzero_ps(); MAX_PAIRS],
-        };
-        for p in 0..nb.div_ceil(2) {
-            let (bytes, scale) = pair(row, p, nb);
-            let sum128 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(-128), bytes);
-            (q.bytes[p], q.start[p], q.scale[p]) = (bytes, _mm512_sub_epi32(_mm512_setzero_si512(), sum128), scale);
-        }
-        q
+        qs
     }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
 fn scores_impl(q: &[u8], keys: &[&[u8]], k: usize, out: &mut [f32], ldo: usize) {
     let (nb, row) = (k / 32, k / 32 * 34);
-    assert!(nb.div_ceil(2) <= MAX_PAIRS, "scores_q8_0: rows of {k} values are wider than a head");
+    assert!(nb <= MAX_BLOCKS, "scores_q8_0: rows of {k} values are wider than a head");
     let m = q.len() / row;
     let n: usize = keys.iter().map(|r| r.len() / row).sum();
     let mut i = 0;
     while i < m {
-        let r = (m - i).min(4);
+        let r = (m - i).min(ROWS);
         assert!((i + r) * row <= q.len() && (i + r - 1) * ldo + n <= out.len());
+        let qs = Queries::new(&q[i * row..], r, nb);
         let mut j = 0;
         for (pi, run) in keys.iter().enumerate() {
             if let Some(next) = keys.get(pi + 1) {
                 prefetch(next, 0, AHEAD);
             }
             let pn = run.len() / row;
-            // SAFETY: rows i..i + r of `q` and of `out` up to column n lie inside them (just
-            // checked); the run is `pn` whole rows (checked by `Kernels`), columns j..j + pn < n.
-            unsafe {
-                let (pq, po) = (q.as_ptr().add(i * row), out.as_mut_ptr().add(i * ldo + j));
-                match r {
-                    4 => cols::<4, 4>(pq, run, pn, nb, po, ldo),
-                    3 => cols::<3, 5>(pq, run, pn, nb, po, ldo),
-                    2 => cols::<2, 8>(pq, run, pn, nb, po, ldo),
-                    _ => cols::<1, 16>(pq, run, pn, nb, po, ldo),
+            for c in (0..pn).step_by(16) {
+                prefetch(run, c * row + AHEAD, (c + 16) * row + AHEAD);
+                let live = (pn - c).min(16);
+                // SAFETY: rows i..i + r of `q` and of `out` up to column n lie inside them
+                // (just checked); keys c .. c + live are whole rows of the run (`Kernels`
+                // checked that the run is whole rows), columns j + c .. j + c + live < n.
+                unsafe {
+                    let (pq, po) = (q.as_ptr().add(i * row), out.as_mut_ptr().add(i * ldo + j + c));
+                    let keys = run.as_ptr().add(c * row);
+                    match r {
+                        4 => sixteen::<4>(pq, &qs, keys, live, nb, po, ldo),
+                        3 => sixteen::<3>(pq, &qs, keys, live, nb, po, ldo),
+                        2 => sixteen::<2>(pq, &qs, keys, live, nb, po, ldo),
+                        _ => sixteen::<1>(pq, &qs, keys, live, nb, po, ldo),
+                    }
                 }
             }
             j += pn;
@@ -108,44 +87,105 @@ fn scores_impl(q: &[u8], keys: &[&[u8]], k: usize, out: &mut [f32], ldo: usize) 
     }
 }
 
-/// `R` query rows (at `q`) against the `n` key rows of `run`, `C` at a time.
+/// Qword indices that put 128-bit lanes 0 and 2 (`LOW`) or 1 and 3 (`HIGH`) of two vectors
+/// side by side: (a0, b0, a2, b2) and (a1, b1, a3, b3).
+const LOW: [i64; 8] = [0, 1, 8, 9, 4, 5, 12, 13];
+const HIGH: [i64; 8] = [2, 3, 10, 11, 6, 7, 14, 15];
+
+/// Block `b` of sixteen keys (`rows`: key l at `rows[l]`), on its side: vector s holds, in lane
+/// l, bytes 4s .. 4s + 4 of key l's block, each plus 128.
 ///
 /// # Safety
-/// R whole rows of `nb` blocks at `q`; R rows of at least `n` outputs at `out`, `ldo` apart;
-/// `run` holds `n` whole rows; AVX-512 F/BW/VL/VNNI and F16C.
+/// Every pointer is a key row holding block `b`; AVX-512 F/BW.
 #[inline(always)]
-unsafe fn cols<const R: usize, const C: usize>(
+unsafe fn on_its_side(rows: &[*const u8; 16], b: usize) -> [__m512i; 8] {
+    // Plain loops, not `array::from_fn`: its closures are not inlined into this target-feature
+    // context, and every intrinsic became a call.
+    // SAFETY: the 32 bytes after a block's 2-byte scale lie in the row (the contract); the
+    // constants are 8 i64 each.
+    unsafe {
+        let mut x = [_mm512_setzero_si512(); 8];
+        // Vector l: key l in the low half, key l + 8 in the high half.
+        for l in 0..8 {
+            let low = _mm256_loadu_si256(rows[l].add(34 * b + 2) as *const __m256i);
+            let high = _mm256_loadu_si256(rows[l + 8].add(34 * b + 2) as *const __m256i);
+            x[l] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(low), high);
+        }
+        // Per 128-bit lane, the dwords of keys 2i and 2i + 1 interleaved.
+        let mut a = [_mm512_setzero_si512(); 8];
+        for i in 0..4 {
+            a[2 * i] = _mm512_unpacklo_epi32(x[2 * i], x[2 * i + 1]);
+            a[2 * i + 1] = _mm512_unpackhi_epi32(x[2 * i], x[2 * i + 1]);
+        }
+        // Per 128-bit lane, dword d of four keys: quad[d] for keys 0-3 (and 8-11 in the high
+        // half), quad[4 + d] for keys 4-7 (and 12-15).
+        let mut quad = [_mm512_setzero_si512(); 8];
+        for h in 0..2 {
+            let base = 4 * h;
+            quad[base] = _mm512_unpacklo_epi64(a[base], a[base + 2]);
+            quad[base + 1] = _mm512_unpackhi_epi64(a[base], a[base + 2]);
+            quad[base + 2] = _mm512_unpacklo_epi64(a[base + 1], a[base + 3]);
+            quad[base + 3] = _mm512_unpackhi_epi64(a[base + 1], a[base + 3]);
+        }
+        // The lanes of quad[d]: keys 0-3 dword d, keys 0-3 dword d + 4, keys 8-11 dword d, keys
+        // 8-11 dword d + 4; put beside quad[4 + d]'s, keys in order.
+        let (lo, hi) = (_mm512_loadu_si512(LOW.as_ptr() as *const _), _mm512_loadu_si512(HIGH.as_ptr() as *const _));
+        let flip = _mm512_set1_epi8(-128);
+        let mut t = [_mm512_setzero_si512(); 8];
+        for d in 0..4 {
+            t[d] = _mm512_xor_si512(_mm512_permutex2var_epi64(quad[d], lo, quad[4 + d]), flip);
+            t[d + 4] = _mm512_xor_si512(_mm512_permutex2var_epi64(quad[d], hi, quad[4 + d]), flip);
+        }
+        t
+    }
+}
+
+/// `R` query rows (at `q`, their sums and scales in `qs`) against the `live` (≤ 16) key rows at
+/// `keys`, the scores at `out` (`R` rows, `ldo` apart).
+///
+/// # Safety
+/// R whole query rows of `nb` blocks at `q`; `live ≥ 1` whole key rows at `keys`; R rows of
+/// `live` outputs at `out`; AVX-512 F/BW/VL/VNNI and F16C.
+#[inline(always)]
+unsafe fn sixteen<const R: usize>(
     q: *const u8,
-    run: &[u8],
-    n: usize,
+    qs: &Queries,
+    keys: *const u8,
+    live: usize,
     nb: usize,
     out: *mut f32,
     ldo: usize,
 ) {
     let row = nb * 34;
-    // SAFETY: the caller's contract: every row pointer below is row j + c.min(live - 1) < n of
-    // the run, or one of the R query rows; outputs (r, j + c) for c < live lie in `out`.
+    // SAFETY: the caller's contract: key pointers are rows l.min(live - 1) < live; query bytes
+    // of block b < nb of the R rows; outputs (r, l) for l < live.
     unsafe {
-        let qs: [Query; R] = std::array::from_fn(|r| query(q.add(r * row), nb));
-        let mut j = 0;
-        while j < n {
-            prefetch(run, j * row + AHEAD, (j + C) * row + AHEAD);
-            let live = (n - j).min(C);
-            let rows: [*const u8; C] = std::array::from_fn(|c| run.as_ptr().add((j + c.min(live - 1)) * row));
-            let mut acc = [[_mm512_setzero_ps(); C]; R];
-            for p in 0..nb.div_ceil(2) {
-                for c in 0..C {
-                    let (bytes, dk) = pair(rows[c], p, nb);
-                    let kx = _mm512_xor_si512(bytes, _mm512_set1_epi8(-128));
-                    for (r, qr) in qs.iter().enumerate() {
-                        let dot = _mm512_dpbusd_epi32(qr.start[p], kx, qr.bytes[p]);
-                        let scale = _mm512_mul_ps(qr.scale[p], dk);
-                        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r][c]);
-                    }
+        let (mut rows, mut offsets) = ([keys; 16], [0i32; 16]);
+        for l in 0..16 {
+            offsets[l] = (l.min(live - 1) * row) as i32;
+            rows[l] = keys.add(offsets[l] as usize);
+        }
+        let offsets = _mm512_loadu_si512(offsets.as_ptr() as *const _);
+        let mut acc = [_mm512_setzero_ps(); R];
+        for b in 0..nb {
+            let kb = on_its_side(&rows, b);
+            // The sixteen keys' scales of block b: the first word of the dword at each.
+            let words = _mm512_i32gather_epi32::<1>(offsets, keys.add(34 * b) as *const i32);
+            let dk = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let qb = q.add(r * row + 34 * b + 2);
+                let mut dot = _mm512_set1_epi32(qs.start[r][b]);
+                for (s, kb) in kb.iter().enumerate() {
+                    let q4 = (qb.add(4 * s) as *const i32).read_unaligned();
+                    dot = _mm512_dpbusd_epi32(dot, *kb, _mm512_set1_epi32(q4));
                 }
+                let scale = _mm512_mul_ps(_mm512_set1_ps(qs.scale[r][b]), dk);
+                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, *acc);
             }
-            store_sums(&acc, out.add(j), ldo, live);
-            j += C;
+        }
+        let m = ((1u32 << live) - 1) as __mmask16;
+        for (r, acc) in acc.iter().enumerate() {
+            _mm512_mask_storeu_ps(out.add(r * ldo), m, *acc);
         }
     }
 }
