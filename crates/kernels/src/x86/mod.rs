@@ -78,6 +78,25 @@ pub(crate) fn prefetch_l2(p: *const u8, len: usize) {
     }
 }
 
+/// Bytes ahead of the rows being read that the attention products (both x86 tiers) ask for.
+/// Runs are a few KiB to a few hundred KiB scattered over the pool: the hardware prefetcher
+/// finds the long ones late and the short ones not at all, and decode attention is a stream
+/// of them.
+pub(crate) const RUN_AHEAD: usize = 4096;
+
+/// Ask for the lines of bytes `from .. to` of a run (cut at its end) to be brought into L2.
+#[inline(always)]
+pub(crate) fn prefetch_run<E>(run: &[E], from: usize, to: usize) {
+    use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
+    let (p, to) = (run.as_ptr() as *const i8, to.min(std::mem::size_of_val(run)));
+    let mut off = from & !63;
+    while off < to {
+        // SAFETY: a prefetch of an address inside the run; it cannot fault.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(off)) };
+        off += 64;
+    }
+}
+
 /// A planar row, borrowed.
 #[derive(Clone, Copy)]
 pub(crate) struct PlanarRow<'a> {

@@ -14,6 +14,7 @@ use std::arch::x86_64::*;
 
 use super::ops::hsum;
 use crate::dispatch::Pages;
+use crate::x86::{RUN_AHEAD as AHEAD, prefetch_run as prefetch};
 
 /// How the rows of a run are stored.
 trait Elem {
@@ -118,19 +119,6 @@ impl Elem for Q8 {
             let scale = crate::formats::f16_to_f32((blk as *const u16).read_unaligned());
             *blk.add(2 + d % 32) as i8 as f32 * scale
         }
-    }
-}
-
-/// Bytes ahead of the row being read that the products ask for (as the AVX-512 tier's: runs
-/// are a few KiB to a few hundred KiB, too short or too scattered for the hardware prefetcher).
-const AHEAD: usize = 4096;
-
-/// Ask for bytes `from .. to` of `run` (cut at its end) to be brought into L2.
-#[inline(always)]
-fn prefetch<E>(run: &[E], from: usize, to: usize) {
-    let to = to.min(std::mem::size_of_val(run));
-    if from < to {
-        crate::x86::prefetch_l2((run.as_ptr() as *const u8).wrapping_add(from), to - from);
     }
 }
 

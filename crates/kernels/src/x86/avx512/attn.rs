@@ -5,6 +5,7 @@
 use std::arch::x86_64::*;
 
 use crate::dispatch::Pages;
+use crate::x86::{RUN_AHEAD as AHEAD, prefetch_run as prefetch};
 
 #[inline(always)]
 fn mask(n: usize) -> __mmask16 {
@@ -156,23 +157,6 @@ impl Elem for Q8 {
             let q = _mm_maskz_loadu_epi8(m, row.add(d / 32 * 34 + 2 + d % 32) as *const i8);
             _mm512_maskz_mul_ps(m, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), scale)
         }
-    }
-}
-
-/// Bytes ahead of the rows being read that the products ask for. Runs are a few KiB to a few
-/// hundred KiB scattered over the pool: the hardware prefetcher finds the long ones late and
-/// the short ones not at all, and decode attention is a stream of them.
-pub(super) const AHEAD: usize = 4096;
-
-/// Ask for the lines of bytes `from .. to` of a run (cut at its end) to be brought into L2.
-#[inline(always)]
-pub(super) fn prefetch<B>(run: &[B], from: usize, to: usize) {
-    let (p, to) = (run.as_ptr() as *const i8, to.min(std::mem::size_of_val(run)));
-    let mut off = from & !63;
-    while off < to {
-        // SAFETY: a prefetch of an address inside the run; it cannot fault.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(off)) };
-        off += 64;
     }
 }
 

@@ -19,7 +19,7 @@
 
 use std::arch::x86_64::*;
 
-use super::attn::{AHEAD, prefetch};
+use crate::x86::{RUN_AHEAD as AHEAD, prefetch_run as prefetch};
 
 /// Blocks a row may have.
 const MAX_BLOCKS: usize = crate::dispatch::MAX_HEAD / 32;
