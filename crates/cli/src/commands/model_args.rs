@@ -184,6 +184,10 @@ pub struct SpecArgs {
     /// Fewest drafted tokens worth verifying.
     #[arg(long = "draft-min", default_value_t = 1, value_name = "N")]
     pub draft_min: usize,
+    /// Verify every draft, even where the measured step costs say it will not pay (llama.cpp
+    /// drafts this way); by default drafts are taken only where they are expected to pay.
+    #[arg(long = "draft-always")]
+    pub draft_always: bool,
     /// Longest context suffix the lookup matches.
     #[arg(long = "spec-ngram-max", default_value_t = 4, value_name = "N")]
     pub ngram_max: usize,
@@ -214,7 +218,7 @@ impl SpecArgs {
             draft_min: self.draft_min,
             ngram_max: self.ngram_max.max(1),
             ngram_min: self.ngram_min.clamp(1, self.ngram_max.max(1)),
-            adaptive: true,
+            adaptive: !self.draft_always,
         }
     }
 }
