@@ -10,7 +10,7 @@
 //! With `q8_0` as the fourth argument the cache holds Q8_0 blocks (34 bytes per 32 values) and
 //! the queries are rounded to Q8_0 for the scores, as the model does.
 //!
-//! `cargo run --release -p onebit-kernels --example attn_decode [DEPTH] [THREADS] [LAYERS] [f16|q8_0] [TIER]`
+//! `cargo run --release -p onebit-kernels --example attn_decode [DEPTH] [THREADS] [LAYERS] [f16|q8_0] [TIER] [GROUP]`
 
 use std::time::Instant;
 
@@ -18,7 +18,6 @@ use onebit_kernels::{DisjointRows, KernelTier, Kernels, Pages, PerThread, Pool};
 
 const BLOCK: usize = 16;
 const HEADS: usize = 8;
-const GROUP: usize = 2;
 const D: usize = 128;
 
 fn main() {
@@ -29,6 +28,8 @@ fn main() {
     let scattered = std::env::var("SCATTERED").is_ok_and(|v| v == "1");
     let q8 = arg(4).is_some_and(|s| s == "q8_0");
     let tier = arg(5).map_or(KernelTier::best(), |s| s.parse().unwrap());
+    // Query heads per kv head: 2 for the 1.7B shape, 4 for the 8B shape.
+    let group: usize = arg(6).and_then(|s| s.parse().ok()).unwrap_or(2);
     let k = Kernels::new(tier).unwrap();
     let pool = Pool::new(threads);
     let blocks = depth.div_ceil(BLOCK);
@@ -56,16 +57,16 @@ fn main() {
     } else {
         Vec::new()
     };
-    let q: Vec<f32> = (0..HEADS * GROUP * D).map(|i| ((i * 104729 % 997) as f32 / 498.0 - 1.0) * 0.5).collect();
-    let mut out = vec![0f32; HEADS * GROUP * D];
-    let scratch = PerThread::new(threads, || (vec![0f32; GROUP * depth], vec![0f32; GROUP * D]));
+    let q: Vec<f32> = (0..HEADS * group * D).map(|i| ((i * 104729 % 997) as f32 / 498.0 - 1.0) * 0.5).collect();
+    let mut out = vec![0f32; HEADS * group * D];
+    let scratch = PerThread::new(threads, || (vec![0f32; group * depth], vec![0f32; group * D]));
     let bytes = if q8 { (layers * 2 * per / D * row8) as f64 } else { (layers * 2 * per * 2) as f64 };
     for rep in 0..6 {
         let t = Instant::now();
         let toks = 8;
         for _ in 0..toks {
             for l in 0..layers {
-                let outs = DisjointRows::new(&mut out, GROUP * D);
+                let outs = DisjointRows::new(&mut out, group * D);
                 pool.for_chunks(HEADS, 1, &|tid, range| {
                     // SAFETY: this thread's own slot.
                     let (scores, o) = unsafe { scratch.get(tid) };
@@ -90,15 +91,15 @@ fn main() {
                             (k16, v16) = (f16(0), f16(1));
                             (Pages::F16(&k16), Pages::F16(&v16))
                         };
-                        let qh = &q[h * GROUP * D..][..GROUP * D];
+                        let qh = &q[h * group * D..][..group * D];
                         if let Pages::Q8_0(runs) = keys {
-                            let mut q8 = vec![0u8; GROUP * row8];
+                            let mut q8 = vec![0u8; group * row8];
                             k.quantize_q8_0(qh, &mut q8);
                             k.scores_q8_0(&q8, runs, D, scores, depth);
                         } else {
                             k.gemm_nt_pages(qh, keys, D, scores, depth);
                         }
-                        for r in 0..GROUP {
+                        for r in 0..group {
                             let row = &mut scores[r * depth..][..depth];
                             row.iter_mut().for_each(|s| *s *= 0.088);
                             k.softmax(row);

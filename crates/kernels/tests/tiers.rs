@@ -231,6 +231,11 @@ fn attention_products_over_runs_equal_those_over_gathered_rows() {
             (8, 80, vec![16, 7]),
             (17, 128, vec![16, 16, 16, 1]),
             (2, 128, vec![300, 16, 33]),
+            // Column ranges that leave a remainder after the widest passes, and a scalar tail.
+            (4, 40, vec![16, 3]),
+            (3, 72, vec![9]),
+            (2, 44, vec![5, 2]),
+            (7, 120, vec![16, 1]),
         ] {
             let n: usize = runs.iter().sum();
             let q: Vec<f32> = (0..m * d).map(|_| rng.f32() * 4.0).collect();
@@ -317,6 +322,10 @@ fn q8_0_scores_match_the_scalar_reference() {
                     let mag: f32 = (0..d).map(|c| (wq[i * d + c] * wk[j * d + c]).abs()).sum();
                     let (a, b) = (got[i * ldo + j], want[i * ldo + j]);
                     assert!((a - b).abs() <= 1e-5 * mag, "{tier} scores_q8_0 {m}x{n}x{d} [{i}][{j}]: {a} vs {b}");
+                    // The AVX2 tier adds the blocks' terms as the reference does.
+                    if tier == KernelTier::Avx2 {
+                        assert_eq!(a.to_bits(), b.to_bits(), "{tier} scores_q8_0 {m}x{n}x{d} [{i}][{j}]");
+                    }
                 }
             }
         }

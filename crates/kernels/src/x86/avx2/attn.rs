@@ -6,7 +6,7 @@
 //! Widening is exact, and every output goes through the operations of this tier's `gemm_nt`
 //! and `gemm_nn_acc` on the widened rows, in their order (the tiers test compares the bits), so
 //! a query gets the same bits whichever path its batch takes. Only the loads are shared: up to
-//! four query rows per key row for the scores; for `P·V`, up to three output rows per value
+//! four query rows per key row for the scores; for `P·V`, up to four output rows per value
 //! row, over pieces of a run short enough to stay in L1 while every column range of every
 //! output row reads them.
 
@@ -224,17 +224,20 @@ fn gemm_nn_acc_impl<B: Elem>(a: &[f32], lda: usize, pages: &[&[B::E]], n: usize,
             prefetch(run, p0 * row_bytes + AHEAD, p1 * row_bytes + AHEAD);
             let mut i = 0;
             while i < m {
-                let r = (m - i).min(3);
+                let r = (m - i).min(4);
                 // SAFETY: rows i .. i + r of `out` and of `a` (weights j0 + p0 .. j0 + p1 < kk
                 // of each) lie inside them (asserted above); rows p0 .. p1 of the run are whole
                 // rows of `n`, and `full <= n`.
                 unsafe {
                     let (pa, po) = (a.as_ptr().add(i * lda + j0), out.as_mut_ptr().add(i * n));
                     let piece = run.as_ptr().add(p0 * row_len);
+                    // Four rows take 16 columns a pass: their 8 sums, 4 weights and a value
+                    // fill the 16 registers.
                     match r {
-                        3 => weigh::<B, 3>(pa, lda, piece, p1 - p0, row_len, full, po, n),
-                        2 => weigh::<B, 2>(pa, lda, piece, p1 - p0, row_len, full, po, n),
-                        _ => weigh::<B, 1>(pa, lda, piece, p1 - p0, row_len, full, po, n),
+                        4 => weigh::<B, 4, 2>(pa, lda, piece, p1 - p0, row_len, full, po, n),
+                        3 => weigh::<B, 3, 2>(pa, lda, piece, p1 - p0, row_len, full, po, n),
+                        2 => weigh::<B, 2, 4>(pa, lda, piece, p1 - p0, row_len, full, po, n),
+                        _ => weigh::<B, 1, 4>(pa, lda, piece, p1 - p0, row_len, full, po, n),
                     }
                 }
                 i += r;
@@ -253,15 +256,15 @@ fn gemm_nn_acc_impl<B: Elem>(a: &[f32], lda: usize, pages: &[&[B::E]], n: usize,
 }
 
 /// Columns `0 .. full` of `R` output rows (at `o`, `n` apart) plus the `rows` value rows at `b`
-/// (`row_len` elements apart) weighted by the `R` rows of weights at `p` (`lda` apart), 32
-/// columns (one Q8_0 block) at a time in registers.
+/// (`row_len` elements apart) weighted by the `R` rows of weights at `p` (`lda` apart), `8·V`
+/// columns (with V = 4, one Q8_0 block) at a time in registers.
 ///
 /// # Safety
 /// `R` rows of at least `full` outputs at `o` and of `rows` weights at `p`; `rows` whole rows at
 /// `b`; `full` a multiple of 8 not above their width; AVX2, FMA and F16C.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn weigh<B: Elem, const R: usize>(
+unsafe fn weigh<B: Elem, const R: usize, const V: usize>(
     p: *const f32,
     lda: usize,
     b: *const B::E,
@@ -271,32 +274,66 @@ unsafe fn weigh<B: Elem, const R: usize>(
     o: *mut f32,
     n: usize,
 ) {
-    for c0 in (0..full).step_by(32) {
-        let vecs = ((full - c0) / 8).min(4);
-        // SAFETY: columns c0 .. c0 + 8·vecs ≤ full of R output rows, of every value row; R
-        // weights per value row (the contract).
-        unsafe {
-            let mut acc = [[_mm256_setzero_ps(); 4]; R];
-            for (r, acc) in acc.iter_mut().enumerate() {
-                for (v, acc) in acc.iter_mut().enumerate().take(vecs) {
-                    *acc = _mm256_loadu_ps(o.add(r * n + c0 + 8 * v));
+    let mut c0 = 0;
+    // SAFETY: columns c0 .. c0 + 8·V ≤ full, or the fewer vectors left below it (the contract);
+    // c0 is a multiple of 8·V, so with V ≤ 4 the vectors of a pass lie in one Q8_0 block.
+    unsafe {
+        while c0 + 8 * V <= full {
+            columns::<B, R, V>(p, lda, b, rows, row_len, c0, o, n);
+            c0 += 8 * V;
+        }
+        // The sums stay in registers only where the number of vectors is a constant.
+        match (full - c0) / 8 {
+            0 => {}
+            1 => columns::<B, R, 1>(p, lda, b, rows, row_len, c0, o, n),
+            2 => columns::<B, R, 2>(p, lda, b, rows, row_len, c0, o, n),
+            _ => columns::<B, R, 3>(p, lda, b, rows, row_len, c0, o, n),
+        }
+    }
+}
+
+/// Columns `c0 .. c0 + 8·V` of [`weigh`].
+///
+/// # Safety
+/// As for [`weigh`], with those columns inside one block of every row and below `full`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn columns<B: Elem, const R: usize, const V: usize>(
+    p: *const f32,
+    lda: usize,
+    b: *const B::E,
+    rows: usize,
+    row_len: usize,
+    c0: usize,
+    o: *mut f32,
+    n: usize,
+) {
+    // SAFETY: columns c0 .. c0 + 8·V of R output rows, of every value row; R weights per
+    // value row (the contract).
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); V]; R];
+        for (r, acc) in acc.iter_mut().enumerate() {
+            for (v, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm256_loadu_ps(o.add(r * n + c0 + 8 * v));
+            }
+        }
+        for j in 0..rows {
+            let row = b.add(j * row_len);
+            let sc = B::scale(row, c0);
+            let mut w = [_mm256_setzero_ps(); R];
+            for (r, w) in w.iter_mut().enumerate() {
+                *w = _mm256_broadcast_ss(&*p.add(r * lda + j));
+            }
+            for v in 0..V {
+                let x = B::load8(row, c0 + 8 * v, sc);
+                for r in 0..R {
+                    acc[r][v] = _mm256_fmadd_ps(w[r], x, acc[r][v]);
                 }
             }
-            for j in 0..rows {
-                let row = b.add(j * row_len);
-                let sc = B::scale(row, c0);
-                let w: [__m256; R] = std::array::from_fn(|r| _mm256_broadcast_ss(&*p.add(r * lda + j)));
-                for v in 0..vecs {
-                    let x = B::load8(row, c0 + 8 * v, sc);
-                    for r in 0..R {
-                        acc[r][v] = _mm256_fmadd_ps(w[r], x, acc[r][v]);
-                    }
-                }
-            }
-            for (r, acc) in acc.iter().enumerate() {
-                for (v, acc) in acc.iter().enumerate().take(vecs) {
-                    _mm256_storeu_ps(o.add(r * n + c0 + 8 * v), *acc);
-                }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            for (v, acc) in acc.iter().enumerate() {
+                _mm256_storeu_ps(o.add(r * n + c0 + 8 * v), *acc);
             }
         }
     }
