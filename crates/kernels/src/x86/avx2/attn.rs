@@ -231,8 +231,8 @@ fn gemm_nn_acc_impl<B: Elem>(a: &[f32], lda: usize, pages: &[&[B::E]], n: usize,
                 unsafe {
                     let (pa, po) = (a.as_ptr().add(i * lda + j0), out.as_mut_ptr().add(i * n));
                     let piece = run.as_ptr().add(p0 * row_len);
-                    // Four rows take 16 columns a pass: their 8 sums, 4 weights and a value
-                    // fill the 16 registers.
+                    // Three or four rows take 16 columns a pass, so that their sums, weights
+                    // and a value fit the 16 registers (three rows of 32 columns spilled one).
                     match r {
                         4 => weigh::<B, 4, 2>(pa, lda, piece, p1 - p0, row_len, full, po, n),
                         3 => weigh::<B, 3, 2>(pa, lda, piece, p1 - p0, row_len, full, po, n),
