@@ -87,13 +87,9 @@ pub(crate) const RUN_AHEAD: usize = 4096;
 /// Ask for the lines of bytes `from .. to` of a run (cut at its end) to be brought into L2.
 #[inline(always)]
 pub(crate) fn prefetch_run<E>(run: &[E], from: usize, to: usize) {
-    use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
-    let (p, to) = (run.as_ptr() as *const i8, to.min(std::mem::size_of_val(run)));
-    let mut off = from & !63;
-    while off < to {
-        // SAFETY: a prefetch of an address inside the run; it cannot fault.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(off)) };
-        off += 64;
+    let (from, to) = (from & !63, to.min(std::mem::size_of_val(run)));
+    if from < to {
+        prefetch_l2((run.as_ptr() as *const u8).wrapping_add(from), to - from);
     }
 }
 
