@@ -1,5 +1,6 @@
 //! AVX2 products over the packed layouts (see [`crate::pack`]): Q1_0 by lookup tables (32
-//! rows per `vpshufb`) here, Q4_0/Q4_1/Q8_0 in [`super::legacy`]. Unpacked weights of those
+//! rows per `vpshufb`) here and for several tokens in [`super::q1_gemm`], Q4_0/Q4_1/Q8_0 in
+//! [`super::legacy`]. Unpacked weights of those
 //! types take the scalar dot products; the other types have AVX2 dot products
 //! ([`super::kquants`], [`super::ternary`], [`super::floats`]).
 
@@ -8,7 +9,7 @@ use std::ops::Range;
 
 use onebit_gguf::GgmlType;
 
-use crate::act::Acts;
+use crate::act::{ActFormat, Acts};
 use crate::matmul::{MatRef, OutPtr, RowKernel, TiledFn};
 use crate::pack::{GROUP, PackedMat, Q1_GROUP_BLOCK, scale_order};
 use crate::x86::{PlanarRow, planar_row};
@@ -54,12 +55,17 @@ fn packed_or(
 }
 
 fn q1_0_packed(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr) {
+    if super::q1_gemm::serves(acts) {
+        return super::q1_gemm::rows(p, rows, acts, out);
+    }
     let nb = p.cols / 128;
+    let x4 = acts.format() == ActFormat::Q8_0x4;
     for g in rows.start / GROUP..rows.end.div_ceil(GROUP) {
         let data = p.group(g);
         for t in 0..acts.rows() {
+            let a = planar_row(acts, t);
             // SAFETY: the AVX2 table is handed out only on AVX2 CPUs.
-            let res = unsafe { lut_group(data, planar_row(acts, t), nb) };
+            let res = unsafe { if x4 { lut_group::<true>(data, a, nb) } else { lut_group::<false>(data, a, nb) } };
             for (r, &v) in res.iter().enumerate() {
                 let row = g * GROUP + r;
                 if row >= rows.end {
@@ -74,14 +80,19 @@ fn q1_0_packed(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr) {
 
 /// Where the packed scales of rows `8s..8s+8` (s = 0..8) start: the layout stores them in the
 /// AVX-512 kernels' order ([`scale_order`]), eight consecutive rows at a time.
-fn scale_run(s: usize) -> usize {
+pub(super) fn scale_run(s: usize) -> usize {
     let (v, l) = scale_order(8 * s);
     16 * v + l
 }
 
 /// One 64-row group against one token, in row order.
+///
+/// The float recipe per 128-block: with Q8_0 activations `p = fma(C_k, d_ak, p)` over the four
+/// 32-blocks from `p = 0`; with Q8_0x4 (`X4`: one scale for the 128) the four sums are added
+/// as integers (at most 128 · 127, so i16 holds them) and `p = C·d_a`, as in
+/// [`super::q1_gemm`]; then `acc = fma(p, d_w, acc)`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn lut_group(data: &[u8], a: PlanarRow, nb: usize) -> [f32; GROUP] {
+unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, nb: usize) -> [f32; GROUP] {
     let m = _mm256_set1_epi8(0x0f);
     // acc[h][q]: half h (rows 32h..32h+32); q = rows 0-7, 16-23, 8-15, 24-31 of the half.
     let mut acc = [[_mm256_setzero_ps(); 4]; 2];
@@ -93,8 +104,11 @@ unsafe fn lut_group(data: &[u8], a: PlanarRow, nb: usize) -> [f32; GROUP] {
             // The weights stream from memory once.
             crate::x86::prefetch_ahead(blk, Q1_GROUP_BLOCK);
             let mut t = [[_mm256_setzero_ps(); 4]; 2];
+            let mut s = [[_mm256_setzero_si256(); 2]; 2];
             for k in 0..4 {
-                let mut s = [[_mm256_setzero_si256(); 2]; 2];
+                if !X4 {
+                    s = [[_mm256_setzero_si256(); 2]; 2];
+                }
                 for j in 0..4 {
                     let base = a.lut.as_ptr().add(32 * (32 * b + 8 * k + 2 * j));
                     for (h, s) in s.iter_mut().enumerate() {
@@ -110,6 +124,9 @@ unsafe fn lut_group(data: &[u8], a: PlanarRow, nb: usize) -> [f32; GROUP] {
                         }
                     }
                 }
+                if X4 && k < 3 {
+                    continue;
+                }
                 let d = _mm256_set1_ps(*a.scales.get_unchecked(4 * b + k));
                 for h in 0..2 {
                     let parts = [
@@ -119,7 +136,8 @@ unsafe fn lut_group(data: &[u8], a: PlanarRow, nb: usize) -> [f32; GROUP] {
                         _mm256_cvtepi16_epi32(_mm256_extracti128_si256::<1>(s[h][1])),
                     ];
                     for q in 0..4 {
-                        t[h][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(parts[q]), d, t[h][q]);
+                        let c = _mm256_cvtepi32_ps(parts[q]);
+                        t[h][q] = if X4 { _mm256_mul_ps(c, d) } else { _mm256_fmadd_ps(c, d, t[h][q]) };
                     }
                 }
             }

@@ -10,6 +10,7 @@ pub(crate) mod kquants;
 mod legacy;
 mod matmul;
 mod ops;
+mod q1_gemm;
 mod ternary;
 
 use std::arch::x86_64::*;
@@ -22,9 +23,11 @@ use crate::dispatch::Table;
 pub(crate) const TABLE: Table = Table {
     row_kernel: matmul::kernel,
     quantize_row,
-    batch_format: crate::dispatch::same_format,
+    batch_format: super::q1_batch_format,
+    // The lookup tables serve only products that take the lookup kernel.
     prepare: |pool, acts, w_tys| {
-        let lut = if w_tys.contains(&GgmlType::Q1_0) { super::Lut::Bytes } else { super::Lut::None };
+        let lut = w_tys.contains(&GgmlType::Q1_0) && !q1_gemm::serves(acts);
+        let lut = if lut { super::Lut::Bytes } else { super::Lut::None };
         super::prepare_planar(pool, acts, lut, 0)
     },
     pack: crate::pack::Packer::for_type,
@@ -51,6 +54,8 @@ fn quantize_row(format: ActFormat, x: &[f32], out: &mut [u8]) {
         ActFormat::Q8_0 => unsafe { quantize_q8(x, out, false) },
         // SAFETY: as above.
         ActFormat::Q8_1 => unsafe { quantize_q8(x, out, true) },
+        // SAFETY: as above.
+        ActFormat::Q8_0x4 => unsafe { quantize_q8_0x4(x, out) },
         _ => quantize_row_ref(format, x, out),
     }
 }
@@ -60,13 +65,37 @@ fn quantize_row(format: ActFormat, x: &[f32], out: &mut [u8]) {
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn q8_block(x: &[f32], qs: &mut [i8; 32]) -> (f32, i32) {
+    assert!(x.len() >= 32);
+    // SAFETY: `x` holds 32 values (just checked).
+    let amax = unsafe { abs_max(x.as_ptr(), 4) };
+    q8_block_with(x, amax, qs)
+}
+
+/// The largest magnitude of `8 · vectors` values at `x`.
+///
+/// # Safety
+/// `x` points at that many values; AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn abs_max(x: *const f32, vectors: usize) -> f32 {
     let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
-    // SAFETY: `x` holds 32 values.
-    let v: [__m256; 4] = std::array::from_fn(|i| unsafe { _mm256_loadu_ps(x.as_ptr().add(8 * i)) });
-    let m = v.iter().fold(_mm256_setzero_ps(), |m, &v| _mm256_max_ps(m, _mm256_and_ps(v, abs)));
+    let m = (0..vectors).fold(_mm256_setzero_ps(), |m, i| {
+        // SAFETY: vector `i < vectors` lies inside the values (the contract).
+        let v = unsafe { _mm256_loadu_ps(x.add(8 * i)) };
+        _mm256_max_ps(m, _mm256_and_ps(v, abs))
+    });
     let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
     let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
+}
+
+/// 32 values to 8-bit with the scale `amax / 127` (returned, with the sum of the quants).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn q8_block_with(x: &[f32], amax: f32, qs: &mut [i8; 32]) -> (f32, i32) {
+    assert!(x.len() >= 32);
+    // SAFETY: `x` holds 32 values (just checked).
+    let v: [__m256; 4] = std::array::from_fn(|i| unsafe { _mm256_loadu_ps(x.as_ptr().add(8 * i)) });
     let d = amax / 127.0;
     let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
     const RNE: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
@@ -83,6 +112,20 @@ fn q8_block(x: &[f32], qs: &mut [i8; 32]) -> (f32, i32) {
     // SAFETY: `qs` is 32 bytes.
     unsafe { _mm256_storeu_si256(qs.as_mut_ptr() as *mut __m256i, b) };
     (d, s)
+}
+
+/// Q8_0 blocks whose runs of four share the scale max|x|/127 of their 128 values.
+#[target_feature(enable = "avx2,fma")]
+fn quantize_q8_0x4(x: &[f32], out: &mut [u8]) {
+    for (four, xs) in
+        crate::formats::blocks_mut::<crate::formats::BlockQ8_0>(out).chunks_exact_mut(4).zip(x.chunks_exact(128))
+    {
+        // SAFETY: `xs` holds 128 values, sixteen vectors.
+        let amax = unsafe { abs_max(xs.as_ptr(), 16) };
+        for (b, xs) in four.iter_mut().zip(xs.chunks_exact(32)) {
+            b.d = crate::formats::f32_to_f16(q8_block_with(xs, amax, &mut b.qs).0).to_le_bytes();
+        }
+    }
 }
 
 #[target_feature(enable = "avx2,fma")]
