@@ -27,6 +27,9 @@ pub(crate) struct Table {
     pub prepare: fn(&Pool, &mut Acts, &[GgmlType]),
     /// How this tier repacks matrices of a type, where it has packed kernels for it.
     pub pack: fn(GgmlType) -> Option<Packer>,
+    /// Rows per unit of work for a batch of 16 tokens or more against a matrix, where the
+    /// tier's kernel wants other than the default (see `chunk_rows`).
+    pub batch_rows: fn(&MatRef) -> Option<usize>,
     pub rms_norm: fn(&[f32], &[f32], f32, &mut [f32]),
     pub softmax: fn(&mut [f32]),
     pub silu_mul: fn(&mut [f32], &[f32]),
@@ -89,6 +92,11 @@ pub enum Glu {
     GeluTanh,
 }
 
+/// A tier without units of its own for batches takes the default.
+pub(crate) fn default_batch_rows(_: &MatRef) -> Option<usize> {
+    None
+}
+
 /// A tier without a batch format of its own keeps the one the weights call for.
 pub(crate) fn same_format(format: ActFormat, _: &[GgmlType], _: usize) -> ActFormat {
     format
@@ -108,8 +116,9 @@ pub enum BatchRounding {
     /// As llama.cpp does: the weight type's own activation format everywhere (Q8_0: one scale
     /// per 32 values).
     Reference,
-    /// Let the tier pick a coarser format where that makes batches faster: AMX takes one scale
-    /// per 128 values for Q1_0 weights, so its tiles sum 128 products before scaling.
+    /// Let the tier pick a coarser format where that makes batches faster: AMX, AVX-512 and
+    /// AVX2 take one scale per 128 values for Q1_0 weights, so that tiles, VNNI products and
+    /// lookups sum 128 products before scaling.
     #[default]
     Fast,
 }
@@ -142,13 +151,14 @@ impl std::fmt::Debug for Kernels {
 }
 
 /// Rows of output per unit of work handed to a thread. A batch goes by pairs of 16-row tiles
-/// (tiled kernels expand them once for all tokens, and must keep them in cache). A few tokens
+/// (tiled kernels expand them once for all tokens, and must keep them in cache), or as many as
+/// the tier asks for (AVX2's lookup kernel: many groups per unit, see `batch_rows`). A few tokens
 /// go by whole row groups of a packed matrix, about four units per thread, so that handing
 /// them out (an atomic counter the threads share) stays cheap next to the work.
-fn chunk_rows(w: &MatRef, acts: &Acts, threads: usize) -> usize {
+fn chunk_rows(table: &Table, w: &MatRef, acts: &Acts, threads: usize) -> usize {
     let group = w.packed.map_or(16, |p| p.group_rows);
     if acts.rows() >= 16 {
-        return group.max(32);
+        return (table.batch_rows)(w).unwrap_or(group.max(32));
     }
     (w.rows / (4 * threads)).max(group).next_multiple_of(group)
 }
@@ -288,7 +298,9 @@ impl Kernels {
             return Err(KernelError::Size { ty: GgmlType::F32, elements: acts.rows() * w.rows, bytes: out.len() * 4 });
         }
         let ptr = OutPtr::new(out, w.rows);
-        pool.for_chunks(w.rows, chunk_rows(w, acts, pool.n_threads()), &|_, rows| kernel.run(w, rows, acts, ptr));
+        pool.for_chunks(w.rows, chunk_rows(self.table, w, acts, pool.n_threads()), &|_, rows| {
+            kernel.run(w, rows, acts, ptr)
+        });
         Ok(())
     }
 
@@ -318,12 +330,12 @@ impl Kernels {
             }
             jobs.push((kernel, OutPtr::new(out, w.rows)));
             offsets.push(total);
-            total += w.rows.div_ceil(chunk_rows(w, acts, pool.n_threads()));
+            total += w.rows.div_ceil(chunk_rows(self.table, w, acts, pool.n_threads()));
         }
         pool.for_chunks(total, 1, &|_, chunks| {
             for c in chunks {
                 let i = offsets.partition_point(|&o| o <= c) - 1;
-                let size = chunk_rows(ws[i], acts, pool.n_threads());
+                let size = chunk_rows(self.table, ws[i], acts, pool.n_threads());
                 let start = (c - offsets[i]) * size;
                 let rows = start..(start + size).min(ws[i].rows);
                 jobs[i].0.run(ws[i], rows, acts, jobs[i].1);
@@ -372,7 +384,12 @@ impl Kernels {
         }
         let format = self.format_for(next, rows, n)?;
         out.reset(format, n, rows)?;
-        let chunk = chunk_rows(gate, acts, pool.n_threads()).max(chunk_rows(up, acts, pool.n_threads()));
+        let chunk = chunk_rows(self.table, gate, acts, pool.n_threads()).max(chunk_rows(
+            self.table,
+            up,
+            acts,
+            pool.n_threads(),
+        ));
         // Runs of rows are whole activation blocks (and whole groups of packed weights).
         let block = format.block();
         let chunk = chunk / gcd(chunk, block) * block;

@@ -34,10 +34,10 @@ pub struct ModelArgs {
     /// How the KV cache stores keys and values: f16 (as llama.cpp), f32, or q8_0 (half the bytes).
     #[arg(long, default_value = "f16", value_name = "TYPE")]
     pub kv_type: KvType,
-    /// How activations are rounded to 8 bits: fast (on AMX, Q1_0 weights take one scale per 128
-    /// values, the weights' block, so tiles sum whole blocks; prompts and decoding alike) or
-    /// reference (llama.cpp's Q8_0, one scale per 32 values, everywhere). Either way a token's
-    /// result does not depend on what else is in the batch.
+    /// How activations are rounded to 8 bits: fast (on AMX, AVX-512 and AVX2, Q1_0 weights take
+    /// one scale per 128 values, the weights' block, so products sum whole blocks; prompts and
+    /// decoding alike) or reference (llama.cpp's Q8_0, one scale per 32 values, everywhere).
+    /// Either way a token's result does not depend on what else is in the batch.
     #[arg(long, default_value = "fast", value_name = "MODE")]
     pub batch_rounding: BatchRounding,
     /// Where the model runs: cpu, or cuda:N for an NVIDIA GPU (needs its driver and NVRTC).

@@ -13,6 +13,7 @@ pub(crate) static TABLE: Table = Table {
     batch_format: crate::dispatch::same_format,
     prepare: |_, _, _| {},
     pack: |_| None,
+    batch_rows: crate::dispatch::default_batch_rows,
     rms_norm: ops::rms_norm,
     softmax: ops::softmax,
     silu_mul: ops::silu_mul,

@@ -129,9 +129,9 @@ pub(crate) unsafe fn quantize_q8_with(x: &[f32], out: &mut [u8], with_sum: bool,
     }
 }
 
-/// The AVX-512 and AMX tiers' activation format: products with Q1_0 weights take one scale per
-/// 128 values (the weights' own block), so that tiles and VNNI products sum whole blocks in
-/// integers before they scale them (on AMX a quarter of the stores and scaling, and full-width
+/// The AVX2, AVX-512 and AMX tiers' activation format: products with Q1_0 weights take one
+/// scale per 128 values (the weights' own block), so that tiles, VNNI products and lookups sum
+/// whole blocks in integers before they scale them (on AMX a quarter of the stores and scaling, and full-width
 /// tile products). Every number of tokens takes the same rounding, so that a token's results do
 /// not depend on the tokens that share its batch (every kernel sums the same blocks the same way).
 pub(crate) fn q1_batch_format(format: ActFormat, w_tys: &[onebit_gguf::GgmlType], _rows: usize) -> ActFormat {

@@ -18,6 +18,7 @@ pub(crate) const TABLE: Table = Table {
     batch_format: crate::dispatch::same_format,
     prepare: |_, _, _| {},
     pack: |_| None,
+    batch_rows: crate::dispatch::default_batch_rows,
     rms_norm: scalar::ops::rms_norm,
     softmax: scalar::ops::softmax,
     silu_mul: scalar::ops::silu_mul,

@@ -1,6 +1,5 @@
 //! AVX2 products over the packed layouts (see [`crate::pack`]): Q1_0 by lookup tables (32
-//! rows per `vpshufb`) here and for several tokens in [`super::q1_gemm`], Q4_0/Q4_1/Q8_0 in
-//! [`super::legacy`]. Unpacked weights of those
+//! rows per `vpshufb`) here, Q4_0/Q4_1/Q8_0 in [`super::legacy`]. Unpacked weights of those
 //! types take the scalar dot products; the other types have AVX2 dot products
 //! ([`super::kquants`], [`super::ternary`], [`super::floats`]).
 
@@ -54,25 +53,43 @@ fn packed_or(
     }
 }
 
+/// Bytes of lookup tables (8 per activation) that the tokens sharing a pass over a unit's
+/// row groups may have: they stay in L2 while the groups go by.
+const LUT_CHUNK_BYTES: usize = 256 << 10;
+
+/// Rows of a unit of work for a batch of packed Q1_0 (see [`batch_rows`]).
+const LUT_BATCH_ROWS: usize = 1024;
+
+/// Rows per unit of work for a batch against `w`: packed Q1_0 takes [`LUT_BATCH_ROWS`], so that
+/// each chunk of tokens whose lookup tables stay in L2 meets many row groups. A unit of one
+/// 64-row group (the default for batches) reads every token's tables again for every group,
+/// from memory once they outgrow the last-level cache: on Zen 4's AVX2 tier (one thread,
+/// `gemm_speed q1_0 512 1 ROWS COLS avx2`), 2048 × 6144 at 512 tokens (25 MB of tables) ran at
+/// 69 G multiply-adds a second against 150–165 with tables in cache; in units of 1024 rows it
+/// runs at 145–151, and two threads at 260–330.
+pub(super) fn batch_rows(w: &MatRef) -> Option<usize> {
+    (w.ty == GgmlType::Q1_0 && w.packed.is_some()).then_some(LUT_BATCH_ROWS)
+}
+
 fn q1_0_packed(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr) {
-    if super::q1_gemm::serves(acts) {
-        return super::q1_gemm::rows(p, rows, acts, out);
-    }
     let nb = p.cols / 128;
     let x4 = acts.format() == ActFormat::Q8_0x4;
-    for g in rows.start / GROUP..rows.end.div_ceil(GROUP) {
-        let data = p.group(g);
-        for t in 0..acts.rows() {
-            let a = planar_row(acts, t);
-            // SAFETY: the AVX2 table is handed out only on AVX2 CPUs.
-            let res = unsafe { if x4 { lut_group::<true>(data, a, nb) } else { lut_group::<false>(data, a, nb) } };
-            for (r, &v) in res.iter().enumerate() {
-                let row = g * GROUP + r;
-                if row >= rows.end {
-                    break;
+    let chunk = (LUT_CHUNK_BYTES / (8 * p.cols)).max(1);
+    for t0 in (0..acts.rows()).step_by(chunk) {
+        for g in rows.start / GROUP..rows.end.div_ceil(GROUP) {
+            let data = p.group(g);
+            for t in t0..acts.rows().min(t0 + chunk) {
+                let a = planar_row(acts, t);
+                // SAFETY: the AVX2 table is handed out only on AVX2 CPUs.
+                let res = unsafe { if x4 { lut_group::<true>(data, a, nb) } else { lut_group::<false>(data, a, nb) } };
+                for (r, &v) in res.iter().enumerate() {
+                    let row = g * GROUP + r;
+                    if row >= rows.end {
+                        break;
+                    }
+                    // SAFETY: this call owns rows `rows` of the output.
+                    unsafe { out.write(t, row, v) };
                 }
-                // SAFETY: this call owns rows `rows` of the output.
-                unsafe { out.write(t, row, v) };
             }
         }
     }
@@ -80,7 +97,7 @@ fn q1_0_packed(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr) {
 
 /// Where the packed scales of rows `8s..8s+8` (s = 0..8) start: the layout stores them in the
 /// AVX-512 kernels' order ([`scale_order`]), eight consecutive rows at a time.
-pub(super) fn scale_run(s: usize) -> usize {
+fn scale_run(s: usize) -> usize {
     let (v, l) = scale_order(8 * s);
     16 * v + l
 }
@@ -89,8 +106,9 @@ pub(super) fn scale_run(s: usize) -> usize {
 ///
 /// The float recipe per 128-block: with Q8_0 activations `p = fma(C_k, d_ak, p)` over the four
 /// 32-blocks from `p = 0`; with Q8_0x4 (`X4`: one scale for the 128) the four sums are added
-/// as integers (at most 128 · 127, so i16 holds them) and `p = C·d_a`, as in
-/// [`super::q1_gemm`]; then `acc = fma(p, d_w, acc)`.
+/// as integers (at most 128 · 127, so i16 holds them) and `p = C·d_a`, as the AVX-512 tier
+/// does; then `acc = fma(p, d_w, acc)`. With one scale a block, the float work is a twelfth of
+/// what it is with four (on Zen 4, one thread: 100 → 150–165 G multiply-adds a second).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, nb: usize) -> [f32; GROUP] {
     let m = _mm256_set1_epi8(0x0f);

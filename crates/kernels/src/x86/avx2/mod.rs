@@ -10,7 +10,6 @@ pub(crate) mod kquants;
 mod legacy;
 mod matmul;
 mod ops;
-mod q1_gemm;
 mod ternary;
 
 use std::arch::x86_64::*;
@@ -24,13 +23,12 @@ pub(crate) const TABLE: Table = Table {
     row_kernel: matmul::kernel,
     quantize_row,
     batch_format: super::q1_batch_format,
-    // The lookup tables serve only products that take the lookup kernel.
     prepare: |pool, acts, w_tys| {
-        let lut = w_tys.contains(&GgmlType::Q1_0) && !q1_gemm::serves(acts);
-        let lut = if lut { super::Lut::Bytes } else { super::Lut::None };
+        let lut = if w_tys.contains(&GgmlType::Q1_0) { super::Lut::Bytes } else { super::Lut::None };
         super::prepare_planar(pool, acts, lut, 0)
     },
     pack: crate::pack::Packer::for_type,
+    batch_rows: matmul::batch_rows,
     rms_norm: ops::rms_norm,
     softmax: ops::softmax,
     silu_mul: ops::silu_mul,

@@ -30,6 +30,7 @@ pub(crate) const TABLE: Table = Table {
         super::prepare_planar(pool, acts, if lut { super::Lut::Words } else { super::Lut::None }, 0)
     },
     pack: crate::pack::Packer::for_type,
+    batch_rows: crate::dispatch::default_batch_rows,
     rms_norm: ops::rms_norm,
     softmax: ops::softmax,
     silu_mul: ops::silu_mul,
