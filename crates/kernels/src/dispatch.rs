@@ -384,12 +384,8 @@ impl Kernels {
         }
         let format = self.format_for(next, rows, n)?;
         out.reset(format, n, rows)?;
-        let chunk = chunk_rows(self.table, gate, acts, pool.n_threads()).max(chunk_rows(
-            self.table,
-            up,
-            acts,
-            pool.n_threads(),
-        ));
+        let rows_of = |w: &MatRef| chunk_rows(self.table, w, acts, pool.n_threads());
+        let chunk = rows_of(gate).max(rows_of(up));
         // Runs of rows are whole activation blocks (and whole groups of packed weights).
         let block = format.block();
         let chunk = chunk / gcd(chunk, block) * block;
