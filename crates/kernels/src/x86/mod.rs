@@ -131,9 +131,10 @@ pub(crate) unsafe fn quantize_q8_with(x: &[f32], out: &mut [u8], with_sum: bool,
 
 /// The AVX2, AVX-512 and AMX tiers' activation format: products with Q1_0 weights take one
 /// scale per 128 values (the weights' own block), so that tiles, VNNI products and lookups sum
-/// whole blocks in integers before they scale them (on AMX a quarter of the stores and scaling, and full-width
-/// tile products). Every number of tokens takes the same rounding, so that a token's results do
-/// not depend on the tokens that share its batch (every kernel sums the same blocks the same way).
+/// whole blocks in integers before they scale them (on AMX a quarter of the stores and scaling,
+/// and full-width tile products; on AVX2 a twelfth of the lookup kernel's float work). Every
+/// number of tokens takes the same rounding, so that a token's results do not depend on the
+/// tokens that share its batch (every kernel sums the same blocks the same way).
 pub(crate) fn q1_batch_format(format: ActFormat, w_tys: &[onebit_gguf::GgmlType], _rows: usize) -> ActFormat {
     let all_q1 = !w_tys.is_empty() && w_tys.iter().all(|&t| t == onebit_gguf::GgmlType::Q1_0);
     if format == ActFormat::Q8_0 && all_q1 { ActFormat::Q8_0x4 } else { format }

@@ -63,23 +63,17 @@ fn quantize_row(format: ActFormat, x: &[f32], out: &mut [u8]) {
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn q8_block(x: &[f32], qs: &mut [i8; 32]) -> (f32, i32) {
-    assert!(x.len() >= 32);
-    // SAFETY: `x` holds 32 values (just checked).
-    let amax = unsafe { abs_max(x.as_ptr(), 4) };
-    q8_block_with(x, amax, qs)
+    q8_block_with(x, abs_max(&x[..32]), qs)
 }
 
-/// The largest magnitude of `8 · vectors` values at `x`.
-///
-/// # Safety
-/// `x` points at that many values; AVX2.
+/// The largest magnitude of `x` (whole vectors of eight).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn abs_max(x: *const f32, vectors: usize) -> f32 {
+fn abs_max(x: &[f32]) -> f32 {
     let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
-    let m = (0..vectors).fold(_mm256_setzero_ps(), |m, i| {
-        // SAFETY: vector `i < vectors` lies inside the values (the contract).
-        let v = unsafe { _mm256_loadu_ps(x.add(8 * i)) };
+    let m = x.chunks_exact(8).fold(_mm256_setzero_ps(), |m, v| {
+        // SAFETY: `v` is eight values.
+        let v = unsafe { _mm256_loadu_ps(v.as_ptr()) };
         _mm256_max_ps(m, _mm256_and_ps(v, abs))
     });
     let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
@@ -118,8 +112,7 @@ fn quantize_q8_0x4(x: &[f32], out: &mut [u8]) {
     for (four, xs) in
         crate::formats::blocks_mut::<crate::formats::BlockQ8_0>(out).chunks_exact_mut(4).zip(x.chunks_exact(128))
     {
-        // SAFETY: `xs` holds 128 values, sixteen vectors.
-        let amax = unsafe { abs_max(xs.as_ptr(), 16) };
+        let amax = abs_max(xs);
         for (b, xs) in four.iter_mut().zip(xs.chunks_exact(32)) {
             b.d = crate::formats::f32_to_f16(q8_block_with(xs, amax, &mut b.qs).0).to_le_bytes();
         }
