@@ -93,6 +93,62 @@ pub(crate) fn prefetch_run<E>(run: &[E], from: usize, to: usize) {
     }
 }
 
+/// The rows of consecutive runs (each whole rows of `row_len` elements) in chunks of at most
+/// `step` rows, none spanning two runs: how the attention products of both x86 tiers walk a
+/// paged cache. As a run begins, the start of the next one is asked for, and each chunk asks
+/// for the [`RUN_AHEAD`] bytes past itself, so that the stream of runs reaches L2 ahead of
+/// the reads.
+pub(crate) struct RunChunks<'a, E> {
+    runs: &'a [&'a [E]],
+    row_len: usize,
+    step: usize,
+    /// The run being cut, its next row, and that row's index over all runs.
+    run: usize,
+    at: usize,
+    j: usize,
+}
+
+/// Rows `rows` of `run`; the first is row `j` over all runs.
+pub(crate) struct RunChunk<'a, E> {
+    pub run: &'a [E],
+    pub rows: std::ops::Range<usize>,
+    pub j: usize,
+}
+
+impl<'a, E> RunChunks<'a, E> {
+    pub(crate) fn new(runs: &'a [&'a [E]], row_len: usize, step: usize) -> Self {
+        assert!(row_len > 0 && step > 0);
+        RunChunks { runs, row_len, step, run: 0, at: 0, j: 0 }
+    }
+}
+
+impl<'a, E> Iterator for RunChunks<'a, E> {
+    type Item = RunChunk<'a, E>;
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<RunChunk<'a, E>> {
+        loop {
+            let run = *self.runs.get(self.run)?;
+            let rows = run.len() / self.row_len;
+            if self.at < rows {
+                if self.at == 0
+                    && let Some(next) = self.runs.get(self.run + 1)
+                {
+                    prefetch_run(next, 0, RUN_AHEAD);
+                }
+                let (start, end) = (self.at, rows.min(self.at + self.step));
+                let row_bytes = self.row_len * std::mem::size_of::<E>();
+                prefetch_run(run, start * row_bytes + RUN_AHEAD, end * row_bytes + RUN_AHEAD);
+                self.at = end;
+                self.j += end - start;
+                return Some(RunChunk { run, rows: start..end, j: self.j - (end - start) });
+            }
+            self.run += 1;
+            self.at = 0;
+        }
+    }
+}
+
 /// A planar row, borrowed.
 #[derive(Clone, Copy)]
 pub(crate) struct PlanarRow<'a> {

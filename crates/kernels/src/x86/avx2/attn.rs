@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 
 use super::ops::hsum;
 use crate::dispatch::Pages;
-use crate::x86::{RUN_AHEAD as AHEAD, prefetch_run as prefetch};
+use crate::x86::{RunChunk, RunChunks};
 
 /// How the rows of a run are stored.
 trait Elem {
@@ -156,45 +156,37 @@ fn gemm_nt_impl<B: Elem>(a: &[f32], pages: &[&[B::E]], k: usize, out: &mut [f32]
 /// whole rows of `k`; AVX2, FMA and F16C.
 #[inline(always)]
 unsafe fn dots<B: Elem, const R: usize>(a: *const f32, pages: &[&[B::E]], k: usize, out: *mut f32, ldo: usize) {
-    let (row_len, mut j) = (B::row_len(k), 0);
-    let row_bytes = row_len * std::mem::size_of::<B::E>();
-    for (pi, run) in pages.iter().enumerate() {
-        if let Some(next) = pages.get(pi + 1) {
-            prefetch(next, 0, AHEAD);
-        }
-        for jl in 0..run.len() / row_len {
-            prefetch(run, jl * row_bytes + AHEAD, (jl + 1) * row_bytes + AHEAD);
-            // SAFETY: row jl of the run, values below k; query values below k of R rows; output
-            // (r, j) for r < R (the contract).
-            unsafe {
-                let b = run.as_ptr().add(jl * row_len);
-                let (mut s0, mut s1) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
-                let mut d = 0;
-                while d + 16 <= k {
-                    let sc = B::scale(b, d);
-                    let (x0, x1) = (B::load8(b, d, sc), B::load8(b, d + 8, sc));
-                    for r in 0..R {
-                        s0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(r * k + d)), x0, s0[r]);
-                        s1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(r * k + d + 8)), x1, s1[r]);
-                    }
-                    d += 16;
-                }
-                if d + 8 <= k {
-                    let x0 = B::load8(b, d, B::scale(b, d));
-                    for r in 0..R {
-                        s0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(r * k + d)), x0, s0[r]);
-                    }
-                    d += 8;
-                }
+    let row_len = B::row_len(k);
+    for RunChunk { run, rows, j } in RunChunks::new(pages, row_len, 1) {
+        // SAFETY: the chunk's row of the run, values below k; query values below k of R
+        // rows; output (r, j) for r < R (the contract).
+        unsafe {
+            let b = run.as_ptr().add(rows.start * row_len);
+            let (mut s0, mut s1) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
+            let mut d = 0;
+            while d + 16 <= k {
+                let sc = B::scale(b, d);
+                let (x0, x1) = (B::load8(b, d, sc), B::load8(b, d + 8, sc));
                 for r in 0..R {
-                    let mut s = hsum(_mm256_add_ps(s0[r], s1[r]));
-                    for t in d..k {
-                        s += *a.add(r * k + t) * B::value(b, t);
-                    }
-                    *out.add(r * ldo + j) = s;
+                    s0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(r * k + d)), x0, s0[r]);
+                    s1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(r * k + d + 8)), x1, s1[r]);
                 }
+                d += 16;
             }
-            j += 1;
+            if d + 8 <= k {
+                let x0 = B::load8(b, d, B::scale(b, d));
+                for r in 0..R {
+                    s0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(r * k + d)), x0, s0[r]);
+                }
+                d += 8;
+            }
+            for r in 0..R {
+                let mut s = hsum(_mm256_add_ps(s0[r], s1[r]));
+                for t in d..k {
+                    s += *a.add(r * k + t) * B::value(b, t);
+                }
+                *out.add(r * ldo + j) = s;
+            }
         }
     }
 }
@@ -212,37 +204,27 @@ fn gemm_nn_acc_impl<B: Elem>(a: &[f32], lda: usize, pages: &[&[B::E]], n: usize,
     let kk: usize = pages.iter().map(|p| p.len() / B::row_len(n)).sum();
     assert!(m == 0 || ((m - 1) * lda + kk <= a.len() && m * n <= out.len()));
     let (row_len, full) = (B::row_len(n), n / 8 * 8);
-    let row_bytes = row_len * std::mem::size_of::<B::E>();
-    let mut j0 = 0;
-    for (pi, run) in pages.iter().enumerate() {
-        if let Some(next) = pages.get(pi + 1) {
-            prefetch(next, 0, AHEAD);
-        }
-        let rows = run.len() / row_len;
-        for p0 in (0..rows).step_by(PIECE) {
-            let p1 = rows.min(p0 + PIECE);
-            prefetch(run, p0 * row_bytes + AHEAD, p1 * row_bytes + AHEAD);
-            let mut i = 0;
-            while i < m {
-                let r = (m - i).min(4);
-                // SAFETY: rows i .. i + r of `out` and of `a` (weights j0 + p0 .. j0 + p1 < kk
-                // of each) lie inside them (asserted above); rows p0 .. p1 of the run are whole
-                // rows of `n`, and `full <= n`.
-                unsafe {
-                    let (pa, po) = (a.as_ptr().add(i * lda + j0), out.as_mut_ptr().add(i * n));
-                    let piece = run.as_ptr().add(p0 * row_len);
-                    // Three or four rows take 16 columns a pass, so that their sums, weights
-                    // and a value fit the 16 registers (three rows of 32 columns spilled one).
-                    match r {
-                        4 => weigh::<B, 4, 2>(pa, lda, piece, p1 - p0, row_len, full, po, n),
-                        3 => weigh::<B, 3, 2>(pa, lda, piece, p1 - p0, row_len, full, po, n),
-                        2 => weigh::<B, 2, 4>(pa, lda, piece, p1 - p0, row_len, full, po, n),
-                        _ => weigh::<B, 1, 4>(pa, lda, piece, p1 - p0, row_len, full, po, n),
-                    }
+    for RunChunk { run, rows: piece, j: j0 } in RunChunks::new(pages, row_len, PIECE) {
+        let (p0, p1) = (piece.start, piece.end);
+        let mut i = 0;
+        while i < m {
+            let r = (m - i).min(4);
+            // SAFETY: rows i .. i + r of `out` and of `a` (weights j0 .. j0 + p1 - p0 ≤ kk
+            // of each) lie inside them (asserted above); rows p0 .. p1 of the run are whole
+            // rows of `n`, and `full <= n`.
+            unsafe {
+                let (pa, po) = (a.as_ptr().add(i * lda + j0), out.as_mut_ptr().add(i * n));
+                let piece = run.as_ptr().add(p0 * row_len);
+                // Three or four rows take 16 columns a pass, so that their sums, weights
+                // and a value fit the 16 registers (three rows of 32 columns spilled one).
+                match r {
+                    4 => weigh::<B, 4, 2>(pa, lda, piece, p1 - p0, row_len, full, po, n),
+                    3 => weigh::<B, 3, 2>(pa, lda, piece, p1 - p0, row_len, full, po, n),
+                    2 => weigh::<B, 2, 4>(pa, lda, piece, p1 - p0, row_len, full, po, n),
+                    _ => weigh::<B, 1, 4>(pa, lda, piece, p1 - p0, row_len, full, po, n),
                 }
-                i += r;
             }
-            j0 += p1 - p0;
+            i += r;
         }
     }
     for i in 0..m {

@@ -17,7 +17,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::x86::{RUN_AHEAD as AHEAD, prefetch_run as prefetch};
+use crate::x86::{RunChunk, RunChunks};
 
 /// Blocks a row may have.
 const MAX_BLOCKS: usize = crate::dispatch::MAX_HEAD / 32;
@@ -139,37 +139,28 @@ fn scores_impl(q: &[u8], keys: &[&[u8]], k: usize, out: &mut [f32], ldo: usize) 
         unsafe { widen(blk.as_ptr().add(2), w.as_mut_ptr()) };
     }
     let mut group = Group { wide: [[[0; 32]; KEYS]; MAX_BLOCKS], scales: [[0.0; KEYS]; MAX_BLOCKS] };
-    let mut j = 0;
-    for (pi, run) in keys.iter().enumerate() {
-        if let Some(next) = keys.get(pi + 1) {
-            prefetch(next, 0, AHEAD);
-        }
-        let pn = run.len() / row;
-        for c in (0..pn).step_by(KEYS) {
-            prefetch(run, c * row + AHEAD, (c + KEYS) * row + AHEAD);
-            let live = (pn - c).min(KEYS);
-            let mut lanes = [0f32; KEYS];
-            // SAFETY: keys c .. c + live are whole rows of the run (`Kernels` checked that the
-            // run is whole rows) of nb ≤ MAX_BLOCKS blocks; rows i < m of `wide` and `dq` hold
-            // nb blocks each; outputs i·ldo + j + c + l for l < live are below (m - 1)·ldo + n
-            // (asserted); AVX2 and F16C are enabled on this function.
-            unsafe {
-                group.fill(run.as_ptr().add(c * row), live, nb);
-                for i in 0..m {
-                    let s = group.scores(wide.as_ptr().add(i * nb * 32), dq.as_ptr().add(i * nb), nb);
-                    let to = out.as_mut_ptr().add(i * ldo + j + c);
-                    if live == KEYS {
-                        _mm256_storeu_ps(to, s);
-                    } else {
-                        _mm256_storeu_ps(lanes.as_mut_ptr(), s);
-                        for (l, &x) in lanes.iter().take(live).enumerate() {
-                            *to.add(l) = x;
-                        }
+    for RunChunk { run, rows, j } in RunChunks::new(keys, row, KEYS) {
+        let live = rows.len();
+        let mut lanes = [0f32; KEYS];
+        // SAFETY: the chunk's keys are whole rows of the run (`Kernels` checked that the run is
+        // whole rows) of nb ≤ MAX_BLOCKS blocks; rows i < m of `wide` and `dq` hold nb blocks
+        // each; outputs i·ldo + j + l for l < live are below (m - 1)·ldo + n (asserted); AVX2
+        // and F16C are enabled on this function.
+        unsafe {
+            group.fill(run.as_ptr().add(rows.start * row), live, nb);
+            for i in 0..m {
+                let s = group.scores(wide.as_ptr().add(i * nb * 32), dq.as_ptr().add(i * nb), nb);
+                let to = out.as_mut_ptr().add(i * ldo + j);
+                if live == KEYS {
+                    _mm256_storeu_ps(to, s);
+                } else {
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), s);
+                    for (l, &x) in lanes.iter().take(live).enumerate() {
+                        *to.add(l) = x;
                     }
                 }
             }
         }
-        j += pn;
     }
 }
 

@@ -5,7 +5,7 @@
 use std::arch::x86_64::*;
 
 use crate::dispatch::Pages;
-use crate::x86::{RUN_AHEAD as AHEAD, prefetch_run as prefetch};
+use crate::x86::{RUN_AHEAD as AHEAD, RunChunk, RunChunks, prefetch_run as prefetch};
 
 #[inline(always)]
 fn mask(n: usize) -> __mmask16 {
@@ -435,42 +435,33 @@ unsafe fn acc_cols<B: Elem, const V: usize, const R: usize>(
         let mut acc: [[__m512; V]; R] = std::array::from_fn(|r| {
             std::array::from_fn(|v| _mm512_maskz_loadu_ps(lanes(v), o.add(r * n + c0 + 16 * v)))
         });
-        let mut j = 0;
         let row_len = B::row_len(n);
-        let row_bytes = row_len * std::mem::size_of::<B::E>();
         if let Some(first) = pages.first() {
             prefetch(first, 0, AHEAD);
         }
-        for (pi, b) in pages.iter().enumerate() {
-            if let Some(next) = pages.get(pi + 1) {
-                prefetch(next, 0, AHEAD);
+        for RunChunk { run, rows, j } in RunChunks::new(pages, row_len, 1) {
+            let w: [f32; R] = std::array::from_fn(|r| *p.add(r * lda + j));
+            let zeros = w.iter().filter(|&&w| w == 0.0).count();
+            if zeros == R {
+                continue;
             }
-            for jl in 0..b.len() / row_len {
-                prefetch(b, jl * row_bytes + AHEAD, (jl + 1) * row_bytes + AHEAD);
-                let w: [f32; R] = std::array::from_fn(|r| *p.add(r * lda + j));
-                j += 1;
-                let zeros = w.iter().filter(|&&w| w == 0.0).count();
-                if zeros == R {
-                    continue;
-                }
-                let wv: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(w[r]));
-                let row = b.as_ptr().add(jl * row_len);
-                let sc = scales(row);
-                if zeros == 0 {
-                    for v in 0..V {
-                        let x = load(row, v, &sc);
-                        for r in 0..R {
-                            acc[r][v] = _mm512_fmadd_ps(wv[r], x, acc[r][v]);
-                        }
-                    }
-                } else {
-                    // A row skips its own zero weights only, whatever the rows beside it: adding
-                    // 0·x could still turn a -0 sum into +0.
+            let wv: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(w[r]));
+            let row = run.as_ptr().add(rows.start * row_len);
+            let sc = scales(row);
+            if zeros == 0 {
+                for v in 0..V {
+                    let x = load(row, v, &sc);
                     for r in 0..R {
-                        if w[r] != 0.0 {
-                            for v in 0..V {
-                                acc[r][v] = _mm512_fmadd_ps(wv[r], load(row, v, &sc), acc[r][v]);
-                            }
+                        acc[r][v] = _mm512_fmadd_ps(wv[r], x, acc[r][v]);
+                    }
+                }
+            } else {
+                // A row skips its own zero weights only, whatever the rows beside it: adding
+                // 0·x could still turn a -0 sum into +0.
+                for r in 0..R {
+                    if w[r] != 0.0 {
+                        for v in 0..V {
+                            acc[r][v] = _mm512_fmadd_ps(wv[r], load(row, v, &sc), acc[r][v]);
                         }
                     }
                 }
