@@ -139,9 +139,10 @@ impl<'a, E> Iterator for RunChunks<'a, E> {
                 let (start, end) = (self.at, rows.min(self.at + self.step));
                 let row_bytes = self.row_len * std::mem::size_of::<E>();
                 prefetch_run(run, start * row_bytes + RUN_AHEAD, end * row_bytes + RUN_AHEAD);
+                let j = self.j;
                 self.at = end;
                 self.j += end - start;
-                return Some(RunChunk { run, rows: start..end, j: self.j - (end - start) });
+                return Some(RunChunk { run, rows: start..end, j });
             }
             self.run += 1;
             self.at = 0;

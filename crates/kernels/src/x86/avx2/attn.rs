@@ -204,24 +204,23 @@ fn gemm_nn_acc_impl<B: Elem>(a: &[f32], lda: usize, pages: &[&[B::E]], n: usize,
     let kk: usize = pages.iter().map(|p| p.len() / B::row_len(n)).sum();
     assert!(m == 0 || ((m - 1) * lda + kk <= a.len() && m * n <= out.len()));
     let (row_len, full) = (B::row_len(n), n / 8 * 8);
-    for RunChunk { run, rows: piece, j: j0 } in RunChunks::new(pages, row_len, PIECE) {
-        let (p0, p1) = (piece.start, piece.end);
+    for RunChunk { run, rows, j } in RunChunks::new(pages, row_len, PIECE) {
         let mut i = 0;
         while i < m {
             let r = (m - i).min(4);
-            // SAFETY: rows i .. i + r of `out` and of `a` (weights j0 .. j0 + p1 - p0 ≤ kk
-            // of each) lie inside them (asserted above); rows p0 .. p1 of the run are whole
+            // SAFETY: rows i .. i + r of `out` and of `a` (weights j .. j + rows.len() ≤ kk of
+            // each) lie inside them (asserted above); the chunk's rows of the run are whole
             // rows of `n`, and `full <= n`.
             unsafe {
-                let (pa, po) = (a.as_ptr().add(i * lda + j0), out.as_mut_ptr().add(i * n));
-                let piece = run.as_ptr().add(p0 * row_len);
+                let (pa, po) = (a.as_ptr().add(i * lda + j), out.as_mut_ptr().add(i * n));
+                let (piece, len) = (run.as_ptr().add(rows.start * row_len), rows.len());
                 // Three or four rows take 16 columns a pass, so that their sums, weights
                 // and a value fit the 16 registers (three rows of 32 columns spilled one).
                 match r {
-                    4 => weigh::<B, 4, 2>(pa, lda, piece, p1 - p0, row_len, full, po, n),
-                    3 => weigh::<B, 3, 2>(pa, lda, piece, p1 - p0, row_len, full, po, n),
-                    2 => weigh::<B, 2, 4>(pa, lda, piece, p1 - p0, row_len, full, po, n),
-                    _ => weigh::<B, 1, 4>(pa, lda, piece, p1 - p0, row_len, full, po, n),
+                    4 => weigh::<B, 4, 2>(pa, lda, piece, len, row_len, full, po, n),
+                    3 => weigh::<B, 3, 2>(pa, lda, piece, len, row_len, full, po, n),
+                    2 => weigh::<B, 2, 4>(pa, lda, piece, len, row_len, full, po, n),
+                    _ => weigh::<B, 1, 4>(pa, lda, piece, len, row_len, full, po, n),
                 }
             }
             i += r;
