@@ -15,11 +15,13 @@
 //! The blocks of a split pool's sliding-window layers have a manager of their own, whose cached
 //! blocks are keyed by the node of the content they hold ([`table`]).
 
+mod free;
 mod table;
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 
+use free::FreeBlocks;
 pub(crate) use table::{KvBlocks, Table, WindowPart};
 
 /// A full block's content: its parent's node (0 at the start of a sequence) and its tokens.
@@ -63,8 +65,8 @@ pub struct BlockCounts {
 pub(crate) struct BlockManager<K = BlockKey> {
     block_tokens: usize,
     meta: Vec<Meta<K>>,
-    /// Free blocks, lowest on top: a lightly used pool stays in few pages.
-    free: Vec<u32>,
+    /// Free blocks (placed so that a sequence's blocks follow each other, see [`free`]).
+    free: FreeBlocks,
     /// Cached blocks with no references, by `tick` (oldest first).
     idle: BTreeMap<u64, u32>,
     index: HashMap<K, u32>,
@@ -80,7 +82,7 @@ impl<K: Clone + Eq + Hash> BlockManager<K> {
         BlockManager {
             block_tokens,
             meta: vec![Meta::default(); n_blocks],
-            free: (0..n_blocks as u32).rev().collect(),
+            free: FreeBlocks::all(n_blocks),
             idle: BTreeMap::new(),
             index: HashMap::new(),
             tick: 0,
@@ -122,9 +124,11 @@ impl<K: Clone + Eq + Hash> BlockManager<K> {
         m.refs += 1;
     }
 
-    /// A block for new content: a free one, else the least recently used cached one.
-    pub fn allocate(&mut self) -> Option<u32> {
-        let block = match self.free.pop() {
+    /// A block for new content of a sequence whose last block is `after`: a free one (the next
+    /// one if it can), else the least recently used cached one.
+    pub fn allocate(&mut self, after: Option<u32>) -> Option<u32> {
+        let meta = &self.meta;
+        let block = match self.free.take(after, |b| meta[b as usize].refs > 0) {
             Some(b) => b,
             None => self.evict_oldest()?,
         };
@@ -148,14 +152,14 @@ impl<K: Clone + Eq + Hash> BlockManager<K> {
             m.tick = self.tick;
             self.idle.insert(self.tick, block);
         } else {
-            self.free.push(block);
+            self.free.insert(block);
         }
     }
 
     /// Forget every cached block that nobody uses.
     pub fn clear_cache(&mut self) {
         while let Some(b) = self.evict_oldest() {
-            self.free.push(b);
+            self.free.insert(b);
         }
     }
 
@@ -191,7 +195,7 @@ impl<K: Clone + Eq + Hash> BlockManager<K> {
             return fail(format!("{} reference counts for {} blocks", refs.len(), self.meta.len()));
         }
         let mut state = vec![0u8; self.meta.len()];
-        for &b in &self.free {
+        for b in self.free.iter() {
             state[b as usize] += 1;
             let m = &self.meta[b as usize];
             if m.refs != 0 || m.key.is_some() {
@@ -278,8 +282,9 @@ mod tests {
     #[test]
     fn a_released_full_block_is_found_again_until_evicted() {
         let mut bm = BlockManager::new(3, 2);
-        let (a, b) = (bm.allocate().unwrap(), bm.allocate().unwrap());
-        assert_eq!((a, b), (0, 1), "low blocks first");
+        let a = bm.allocate(None).unwrap();
+        let b = bm.allocate(Some(a)).unwrap();
+        assert_eq!((a, b), (0, 1), "a sequence's blocks follow each other");
         let na = bm.register(a, 0, &[5, 6]);
         bm.register(b, na, &[7, 8]);
         bm.release(b);
@@ -289,8 +294,8 @@ mod tests {
         assert!(bm.find_prefix(0, &[5, 7], 9).is_empty());
         // Two new blocks: the free one, then the least recently released cached one (b, the
         // leaf, was released first).
-        assert_eq!(bm.allocate(), Some(2));
-        assert_eq!(bm.allocate(), Some(b));
+        assert_eq!(bm.allocate(None), Some(2));
+        assert_eq!(bm.allocate(None), Some(b));
         assert_eq!(bm.find_prefix(0, &[5, 6, 7, 8], 9).len(), 1);
         bm.check(&[0, 1, 1]).unwrap();
     }
@@ -304,7 +309,7 @@ mod tests {
         assert!(r1 != 0 && r2 != 0 && r1 != r2);
         assert_eq!(bm.root(&one), r1, "one root per adapter set");
         assert_eq!(bm.root(&[]), 0);
-        let a = bm.allocate().unwrap();
+        let a = bm.allocate(None).unwrap();
         let n = bm.register(a, r1, &[5, 6]);
         bm.release(a);
         assert_eq!(bm.find_prefix(r1, &[5, 6, 7], 9), vec![(a, n)]);
@@ -315,13 +320,13 @@ mod tests {
     #[test]
     fn shared_blocks_are_counted_and_never_evicted_while_used() {
         let mut bm = BlockManager::new(2, 1);
-        let a = bm.allocate().unwrap();
+        let a = bm.allocate(None).unwrap();
         let n = bm.register(a, 0, &[1]);
         bm.acquire(a);
         assert_eq!(bm.find_prefix(0, &[1], 9), vec![(a, n)]);
         bm.release(a);
-        assert!(bm.allocate().is_some());
-        assert!(bm.allocate().is_none(), "the used cached block is not evicted");
+        assert!(bm.allocate(None).is_some());
+        assert!(bm.allocate(None).is_none(), "the used cached block is not evicted");
         bm.check(&[1, 1]).unwrap();
     }
 
@@ -394,7 +399,7 @@ mod tests {
                             s.tokens.push(7);
                         }
                         while s.blocks.len() * B < s.computed + n {
-                            match bm.allocate() {
+                            match bm.allocate(None) {
                                 Some(b) => s.blocks.push(b),
                                 None => break,
                             }
@@ -432,7 +437,7 @@ mod tests {
     #[test]
     fn the_same_content_twice_keeps_one_cached_copy() {
         let mut bm = BlockManager::new(2, 1);
-        let (a, b) = (bm.allocate().unwrap(), bm.allocate().unwrap());
+        let (a, b) = (bm.allocate(None).unwrap(), bm.allocate(None).unwrap());
         let na = bm.register(a, 0, &[3]);
         assert_eq!(bm.register(b, 0, &[3]), na);
         bm.release(b);

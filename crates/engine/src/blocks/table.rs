@@ -169,10 +169,11 @@ impl KvBlocks {
     /// [`KvBlocks::available`] said there were).
     pub fn grow(&mut self, table: &mut Table, positions: usize) {
         while table.capacity() < positions {
-            table.full.push(self.full.allocate().expect("counted as available"));
+            table.full.push(self.full.allocate(table.full.last().copied()).expect("counted as available"));
             if let Some(w) = &mut self.window {
-                let block = w.blocks.allocate().expect("counted as available");
-                table.window.get_or_insert_with(Vec::new).push(block);
+                let window = table.window.get_or_insert_with(Vec::new);
+                let last = window.last().copied().filter(|&b| b != NO_BLOCK);
+                window.push(w.blocks.allocate(last).expect("counted as available"));
             }
         }
     }
@@ -290,6 +291,29 @@ mod tests {
         assert_eq!(kv.find(&[], &tokens[..49], 3).len(), 0, "would read window block 0, evicted");
         let t = kv.take(found);
         kv.check([&t].into_iter()).unwrap();
+    }
+
+    #[test]
+    fn sequences_decoding_together_keep_their_blocks_and_window_blocks_in_runs() {
+        let mut kv = blocks(64, 64, 8);
+        let tokens: Vec<u32> = (0..64).collect();
+        let mut tables: Vec<Table> = (0..4)
+            .map(|_| {
+                let found = kv.find(&[], &[], 0);
+                kv.take(found)
+            })
+            .collect();
+        for at in 1..=64 {
+            for t in &mut tables {
+                compute(&mut kv, t, &tokens, at - 1, at, 1);
+            }
+        }
+        for t in &tables {
+            assert!(t.full.windows(2).all(|w| w[1] == w[0] + 1), "{:?}", t.full);
+            let window: Vec<u32> = t.window.iter().flatten().copied().filter(|&b| b != NO_BLOCK).collect();
+            assert!(window.windows(2).all(|w| w[1] == w[0] + 1), "{window:?}");
+        }
+        kv.check(tables.iter()).unwrap();
     }
 
     /// A sequence as the engine loop drives one.

@@ -233,7 +233,7 @@ impl Drafter {
             // Positions up to the newest token, and one per guess but the last.
             let need = s.tokens.len() + want[i] - 1;
             while s.draft_blocks.len() * BLOCK_TOKENS < need {
-                match self.blocks.allocate() {
+                match self.blocks.allocate(s.draft_blocks.last().copied()) {
                     Some(b) => s.draft_blocks.push(b),
                     None => break,
                 }
