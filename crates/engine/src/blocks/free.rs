@@ -12,7 +12,7 @@
 //! whose earlier turns are cached, stays in few pages.
 
 /// Free blocks as a bitmap (bit set: free), with their count.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub(crate) struct FreeBlocks {
     bits: Vec<u64>,
     n_blocks: usize,
