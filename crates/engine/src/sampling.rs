@@ -157,6 +157,11 @@ impl Sampler {
 
     /// Pick the next token from `logits`, using `c` as work space.
     pub fn sample_with(&mut self, logits: &[f32], c: &mut Vec<Candidate>) -> u32 {
+        // Plain greedy needs no candidates: copying the vocabulary was 3 % of a step of eight
+        // SmolLM2 sequences.
+        if self.params.temperature <= 0.0 && self.params.logit_bias.is_empty() && !self.params.penalties_on() {
+            return argmax(logits);
+        }
         c.clear();
         c.extend(logits.iter().enumerate().map(|(i, &l)| Candidate { id: i as u32, logit: l }));
         apply_bias(c, &self.params.logit_bias);
@@ -206,6 +211,28 @@ pub fn apply_penalties(c: &mut [Candidate], recent: impl IntoIterator<Item = u32
 
 fn greedy(c: &[Candidate]) -> u32 {
     c.iter().fold(c[0], |best, &x| if x.logit > best.logit { x } else { best }).id
+}
+
+/// [`greedy`] over the logits themselves: the first of the largest (NaNs never win, unless
+/// the first logit is one). The maximum is found sixteen lanes at a time, then its first
+/// position.
+fn argmax(logits: &[f32]) -> u32 {
+    let Some(&first) = logits.first() else { return 0 };
+    if first.is_nan() {
+        return 0;
+    }
+    let mut lanes = [first; 16];
+    let chunks = logits.chunks_exact(16);
+    for &l in chunks.remainder() {
+        lanes[0] = if l > lanes[0] { l } else { lanes[0] };
+    }
+    for chunk in chunks {
+        for (m, &l) in lanes.iter_mut().zip(chunk) {
+            *m = if l > *m { l } else { *m };
+        }
+    }
+    let max = lanes.into_iter().fold(first, |m, l| if l > m { l } else { m });
+    logits.iter().position(|&l| l == max).unwrap_or(0) as u32
 }
 
 /// Keep the `k` highest logits, sorted in descending order (k = 0: sort all).

@@ -141,6 +141,26 @@ fn temperature_zero_is_greedy() {
 }
 
 #[test]
+fn argmax_picks_what_the_candidates_pick() {
+    let candidates = |l: &[f32]| -> Vec<Candidate> {
+        l.iter().enumerate().map(|(i, &logit)| Candidate { id: i as u32, logit }).collect()
+    };
+    let mut seed = 7u64;
+    let mut next = move || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (seed >> 40) as u32
+    };
+    // Few distinct values, so that ties are common; signed zeros, infinities and NaNs among them.
+    let values = [0.0, -0.0, 1.0, 2.5, -3.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 2.5, -0.0];
+    for len in [1, 2, 15, 16, 17, 31, 33, 100, 1000] {
+        for _ in 0..200 {
+            let l: Vec<f32> = (0..len).map(|_| values[next() as usize % values.len()]).collect();
+            assert_eq!(argmax(&l), greedy(&candidates(&l)), "{l:?}");
+        }
+    }
+}
+
+#[test]
 fn a_seed_reproduces_the_draws() {
     let run = |seed| {
         let mut s = Sampler::new(SamplingParams { seed: Some(seed), ..plain() });
