@@ -6,8 +6,9 @@
 //! caching, with exact keys rather than hashes, so that a lookup can never return the wrong
 //! block). A new sequence looks its prompt up block by block from the start and takes every
 //! block found, even while other sequences use it: cached blocks are read-only, since a
-//! sequence only writes positions past the prefix it took. When no free block is left, the
-//! least recently used cached block is evicted.
+//! sequence only writes positions past the prefix it took. When no free block is left, a cached
+//! block nobody uses is evicted: one of the least recently used ([`COLD`]), chosen so that a
+//! sequence's blocks still follow each other.
 //!
 //! Content ids ("nodes") are never reused, so a block keyed under an evicted parent can no
 //! longer be found; it ages out of the cache like any other.
@@ -47,6 +48,16 @@ impl<K> Default for Meta<K> {
         Meta { refs: 0, key: None, node: 0, tick: 0 }
     }
 }
+
+/// Cached blocks that may be taken out of the prefix cache before older ones, to keep a
+/// sequence's blocks in runs: the least recently used ones, at most this many and at most half
+/// of the unused cached blocks (a prefix released just now is never cold). Without them, a
+/// server whose pool is full of cached blocks would hand each sequence the least recently used
+/// block, and sequences decoding together would interleave again (their chains are released
+/// last block first, so even one sequence would get its blocks backwards). A sequence grows
+/// into a cold block even while other blocks are free: that block is about to go anyway, and a
+/// free one elsewhere would break its run.
+const COLD: usize = 64;
 
 /// Counts of blocks by state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -124,18 +135,66 @@ impl<K: Clone + Eq + Hash> BlockManager<K> {
         m.refs += 1;
     }
 
-    /// A block for new content of a sequence whose last block is `after`: a free one (the next
-    /// one if it can), else the least recently used cached one.
+    /// A block for new content of a sequence whose last block is `after`: the next one if it
+    /// is free or cold (see [`COLD`]), else a free one (where [`free`] places a run), else a
+    /// cold one where a run has room.
     pub fn allocate(&mut self, after: Option<u32>) -> Option<u32> {
+        let next = after.map(|b| b + 1).filter(|&b| !self.free.contains(b) && self.is_cold(b));
         let meta = &self.meta;
-        let block = match self.free.take(after, |b| meta[b as usize].refs > 0) {
-            Some(b) => b,
-            None => self.evict_oldest()?,
+        let block = match next {
+            Some(b) => self.evict(b),
+            None => match self.free.take(after, |b| meta[b as usize].refs > 0) {
+                Some(b) => b,
+                None => self.evict_run_start()?,
+            },
         };
         let m = &mut self.meta[block as usize];
         debug_assert_eq!(m.refs, 0);
         *m = Meta { refs: 1, ..Meta::default() };
         Some(block)
+    }
+
+    /// The tick of the most recently released cold block (none when nothing is cached unused).
+    fn cold_until(&self) -> Option<u64> {
+        let k = COLD.min(self.idle.len() / 2).max(1);
+        self.idle.keys().nth(k - 1).or(self.idle.keys().last()).copied()
+    }
+
+    /// Whether `block` is cached, unused and cold.
+    fn is_cold(&self, block: u32) -> bool {
+        let Some(m) = self.meta.get(block as usize) else { return false };
+        m.refs == 0 && m.key.is_some() && self.cold_until().is_some_and(|t| m.tick <= t)
+    }
+
+    /// Where a run begins when no block is free: in the longest stretch of consecutive cold
+    /// blocks, at its middle if the block before it is in use, else at its start (as [`free`]
+    /// places runs among free blocks).
+    fn evict_run_start(&mut self) -> Option<u32> {
+        let until = self.cold_until()?;
+        let mut cold: Vec<u32> = self.idle.range(..=until).map(|(_, &b)| b).collect();
+        cold.sort_unstable();
+        let (mut best, mut start) = ((cold[0], 1), 0);
+        for i in 1..=cold.len() {
+            if i == cold.len() || cold[i] != cold[i - 1] + 1 {
+                if i - start > best.1 {
+                    best = (cold[start], i - start);
+                }
+                start = i;
+            }
+        }
+        let (first, len) = best;
+        let after_a_sequence = first > 0 && self.meta[first as usize - 1].refs > 0;
+        Some(self.evict(if after_a_sequence { first + len as u32 / 2 } else { first }))
+    }
+
+    /// Take a cached, unused block out of the prefix cache.
+    fn evict(&mut self, block: u32) -> u32 {
+        let m = &mut self.meta[block as usize];
+        debug_assert_eq!(m.refs, 0);
+        self.idle.remove(&m.tick);
+        let key = m.key.take().expect("idle blocks are cached");
+        self.index.remove(&key);
+        block
     }
 
     /// Drop a reference. An unreferenced block stays cached (evictable) if it is in the prefix
@@ -298,6 +357,45 @@ mod tests {
         assert_eq!(bm.allocate(None), Some(b));
         assert_eq!(bm.find_prefix(0, &[5, 6, 7, 8], 9).len(), 1);
         bm.check(&[0, 1, 1]).unwrap();
+    }
+
+    #[test]
+    fn sequences_growing_together_in_a_pool_full_of_cached_blocks_keep_runs() {
+        // Four earlier sequences of 16 blocks fill the pool, then leave it to the prefix cache,
+        // each last block first (as `KvBlocks::release` gives them back).
+        let mut bm = BlockManager::new(64, 1);
+        let mut chains = Vec::new();
+        for s in 0..4u32 {
+            let (mut blocks, mut parent) = (Vec::<u32>::new(), 0);
+            for i in 0..16 {
+                let b = bm.allocate(blocks.last().copied()).unwrap();
+                parent = bm.register(b, parent, &[100 * s + i]);
+                blocks.push(b);
+            }
+            chains.push(blocks);
+        }
+        for c in &chains {
+            c.iter().rev().for_each(|&b| bm.release(b));
+        }
+        assert_eq!((bm.counts().free, bm.counts().cached_idle), (0, 64));
+        // Four new sequences grow together, a block each in turn.
+        let mut tables = vec![Vec::<u32>::new(); 4];
+        for _ in 0..8 {
+            for t in tables.iter_mut() {
+                t.push(bm.allocate(t.last().copied()).unwrap());
+            }
+        }
+        for t in &tables {
+            assert!(t.windows(2).all(|w| w[1] == w[0] + 1), "a sequence's blocks follow each other: {tables:?}");
+        }
+        // Only the two least recently released chains were taken; the last one is found whole.
+        let used: std::collections::BTreeSet<u32> = tables.concat().into_iter().collect();
+        assert_eq!(used, chains[..2].concat().into_iter().collect());
+        let last: Vec<u32> = (0..16).map(|i| 300 + i).collect();
+        assert_eq!(bm.find_prefix(0, &last, 16).len(), 16);
+        let mut refs = vec![0; 64];
+        used.iter().for_each(|&b| refs[b as usize] = 1);
+        bm.check(&refs).unwrap();
     }
 
     #[test]
