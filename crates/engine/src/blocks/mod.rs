@@ -157,7 +157,7 @@ impl<K: Clone + Eq + Hash> BlockManager<K> {
     /// The tick of the most recently released cold block (none when nothing is cached unused).
     fn cold_until(&self) -> Option<u64> {
         let k = COLD.min(self.idle.len() / 2).max(1);
-        self.idle.keys().nth(k - 1).or(self.idle.keys().last()).copied()
+        self.idle.keys().nth(k - 1).copied()
     }
 
     /// Whether `block` is cached, unused and cold.
