@@ -11,6 +11,12 @@
 //! start, or after blocks kept only in the prefix cache), so that one sequence alone, or a chat
 //! whose earlier turns are cached, stays in few pages.
 
+/// Where a run begins in a stretch of `len` blocks from `start` that it may take: its middle
+/// if the block before it is in use, else its start (see the module's header).
+pub(crate) fn run_start_in(start: u32, len: u32, in_use: impl Fn(u32) -> bool) -> u32 {
+    if start > 0 && in_use(start - 1) { start + len / 2 } else { start }
+}
+
 /// Free blocks as a bitmap (bit set: free), with their count.
 #[derive(Debug)]
 pub(crate) struct FreeBlocks {
@@ -71,8 +77,7 @@ impl FreeBlocks {
     /// block before it is in use, else at its start.
     fn run_start(&self, in_use: impl Fn(u32) -> bool) -> Option<u32> {
         let (start, len) = self.largest_stretch()?;
-        let after_a_sequence = start > 0 && in_use(start as u32 - 1);
-        Some(if after_a_sequence { start + len / 2 } else { start } as u32)
+        Some(run_start_in(start as u32, len as u32, in_use))
     }
 
     /// The first of the longest runs of free blocks, as (start, length).

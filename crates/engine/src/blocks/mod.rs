@@ -22,7 +22,7 @@ mod table;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 
-use free::FreeBlocks;
+use free::{FreeBlocks, run_start_in};
 pub(crate) use table::{KvBlocks, Table, WindowPart};
 
 /// A full block's content: its parent's node (0 at the start of a sequence) and its tokens.
@@ -139,7 +139,7 @@ impl<K: Clone + Eq + Hash> BlockManager<K> {
     /// is free or cold (see [`COLD`]), else a free one (where [`free`] places a run), else a
     /// cold one where a run has room.
     pub fn allocate(&mut self, after: Option<u32>) -> Option<u32> {
-        let next = after.map(|b| b + 1).filter(|&b| !self.free.contains(b) && self.is_cold(b));
+        let next = after.map(|b| b + 1).filter(|&b| self.is_cold(b));
         let meta = &self.meta;
         let block = match next {
             Some(b) => self.evict(b),
@@ -183,8 +183,9 @@ impl<K: Clone + Eq + Hash> BlockManager<K> {
             }
         }
         let (first, len) = best;
-        let after_a_sequence = first > 0 && self.meta[first as usize - 1].refs > 0;
-        Some(self.evict(if after_a_sequence { first + len as u32 / 2 } else { first }))
+        let meta = &self.meta;
+        let block = run_start_in(first, len as u32, |b| meta[b as usize].refs > 0);
+        Some(self.evict(block))
     }
 
     /// Take a cached, unused block out of the prefix cache.
@@ -224,10 +225,8 @@ impl<K: Clone + Eq + Hash> BlockManager<K> {
 
     /// Take the least recently used unreferenced block out of the prefix cache.
     fn evict_oldest(&mut self) -> Option<u32> {
-        let (_, b) = self.idle.pop_first()?;
-        let key = self.meta[b as usize].key.take().expect("idle blocks are cached");
-        self.index.remove(&key);
-        Some(b)
+        let (_, &b) = self.idle.first_key_value()?;
+        Some(self.evict(b))
     }
 
     pub fn counts(&self) -> BlockCounts {
