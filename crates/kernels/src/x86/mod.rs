@@ -238,9 +238,9 @@ pub(crate) fn prepare_planar(pool: &Pool, acts: &mut Acts, lut: Lut, extra: usiz
         // just quantized the rows, or they read the last product's rows): asked for all at
         // once, they arrive together instead of one line's latency after another (that loop
         // was 6 % of an 8-sequence SmolLM2 decode step, on two cores of a Zen 4).
-        prefetch(&src[..rows * rb], false);
+        crate::prefetch(&src[..rows * rb]);
         for row in aux.chunks(p.row_bytes).take(rows) {
-            prefetch(&row[..used], true);
+            prefetch_to_own(&row[..used]);
         }
     }
     let out = DisjointRows::new(aux, p.row_bytes);
@@ -258,16 +258,10 @@ pub(crate) fn prepare_planar(pool: &Pool, acts: &mut Acts, lut: Lut, extra: usiz
     }
 }
 
-/// Ask for every cache line of `bytes`, to read or (`write`) to own.
-fn prefetch(bytes: &[u8], write: bool) {
+/// Ask for the cache lines of `bytes` to own, ahead of writing them: like [`crate::prefetch`],
+/// but a line another core holds is taken from it at once, not shared first and then claimed.
+fn prefetch_to_own(bytes: &[u8]) {
     for line in bytes.chunks(64) {
-        if !write {
-            // SAFETY: as below.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.as_ptr() as *const i8)
-            };
-            continue;
-        }
         // SAFETY: `prefetchw` is a hint: it reads nothing into registers, writes nothing, and
         // cannot fault; the address lies in `bytes` anyway. CPUs without it decode it as a NOP.
         unsafe {
@@ -421,11 +415,10 @@ unsafe fn fill_planar_row(format: ActFormat, blocks_in: &[u8], out: &mut [u8], p
     use std::arch::x86_64::*;
     let nb = cols / 32;
     let (qs, rest) = out[..p.isums + 4 * nb].split_at_mut(p.scales);
-    let (scales, rest) = rest.split_at_mut(4 * nb);
-    let (sums, rest) = rest.split_at_mut(p.isums - p.sums);
-    let (scales, sums): (&mut [f32], &mut [f32]) =
-        (bytemuck::cast_slice_mut(scales), bytemuck::cast_slice_mut(&mut sums[..4 * nb]));
-    let isums: &mut [i32] = bytemuck::cast_slice_mut(&mut rest[..4 * nb]);
+    let (scales, rest) = rest.split_at_mut(p.sums - p.scales);
+    let (sums, isums) = rest.split_at_mut(p.isums - p.sums);
+    let (scales, sums): (&mut [f32], &mut [f32]) = (bytemuck::cast_slice_mut(scales), bytemuck::cast_slice_mut(sums));
+    let isums: &mut [i32] = bytemuck::cast_slice_mut(isums);
     if format == ActFormat::Q8K {
         // One scale and one sum per 256 values, in the first slots.
         for (i, b) in blocks::<BlockQ8K>(blocks_in)[..cols / 256].iter().enumerate() {
