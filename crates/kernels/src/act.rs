@@ -127,6 +127,16 @@ pub struct Acts {
     buf: AlignedBuf,
     aux: AlignedBuf,
     aux_row_bytes: usize,
+    /// Which values these are: a new number each time they are rewritten (see
+    /// [`Acts::generation`]).
+    generation: u64,
+}
+
+/// The last number handed out as an [`Acts::generation`].
+static GENERATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn next_generation() -> u64 {
+    GENERATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
 }
 
 impl Acts {
@@ -145,6 +155,7 @@ impl Acts {
         self.row_bytes = format.row_bytes(cols);
         self.buf.resize(rows * self.row_bytes);
         self.aux_row_bytes = 0;
+        self.generation = next_generation();
         self.aux.resize(0);
         Ok(())
     }
@@ -170,6 +181,7 @@ impl Acts {
     }
 
     pub fn row_mut(&mut self, i: usize) -> &mut [u8] {
+        self.generation = next_generation();
         let rb = self.row_bytes;
         &mut self.buf.as_bytes_mut()[i * rb..(i + 1) * rb]
     }
@@ -179,6 +191,7 @@ impl Acts {
     }
 
     pub fn bytes_mut(&mut self) -> &mut [u8] {
+        self.generation = next_generation();
         self.buf.as_bytes_mut()
     }
 
@@ -195,8 +208,17 @@ impl Acts {
     /// bytes after them. Returns the blocks and the private buffer together.
     pub fn reset_aux(&mut self, row_bytes: usize, extra: usize) -> (&[u8], &mut [u8]) {
         self.aux_row_bytes = row_bytes;
+        self.generation = next_generation();
         self.aux.resize(self.rows * row_bytes + extra);
         (self.buf.as_bytes(), self.aux.as_bytes_mut())
+    }
+
+    /// A number that differs for every set of values these rows have held, in any `Acts` of
+    /// the process: a thread may keep something derived from the rows (its own copy of the
+    /// lookup tables) and know it still holds by this number alone: every method that can change
+    /// the rows takes a new one.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     pub fn aux_row_bytes(&self) -> usize {

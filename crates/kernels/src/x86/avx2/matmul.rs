@@ -11,7 +11,7 @@ use onebit_gguf::GgmlType;
 use crate::act::{ActFormat, Acts};
 use crate::matmul::{MatRef, OutPtr, RowKernel, TiledFn};
 use crate::pack::{GROUP, PackedMat, Q1_GROUP_BLOCK, scale_order};
-use crate::x86::{PlanarRow, planar_row};
+use crate::x86::{Lut, PlanarRow, planar_row, with_tables};
 
 pub(super) fn kernel(ty: GgmlType) -> Option<RowKernel> {
     let scalar = crate::scalar::dot::dot_fn(ty)?;
@@ -75,24 +75,29 @@ fn q1_0_packed(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr) {
     let nb = p.cols / 128;
     let x4 = acts.format() == ActFormat::Q8_0x4;
     let chunk = (LUT_CHUNK_BYTES / (8 * p.cols)).max(1);
-    for t0 in (0..acts.rows()).step_by(chunk) {
-        for g in rows.start / GROUP..rows.end.div_ceil(GROUP) {
-            let data = p.group(g);
-            for t in t0..acts.rows().min(t0 + chunk) {
-                let a = planar_row(acts, t);
-                // SAFETY: the AVX2 table is handed out only on AVX2 CPUs.
-                let res = unsafe { if x4 { lut_group::<true>(data, a, nb) } else { lut_group::<false>(data, a, nb) } };
-                for (r, &v) in res.iter().enumerate() {
-                    let row = g * GROUP + r;
-                    if row >= rows.end {
-                        break;
+    with_tables(acts, Lut::Bytes, |tables| {
+        for t0 in (0..acts.rows()).step_by(chunk) {
+            for g in rows.start / GROUP..rows.end.div_ceil(GROUP) {
+                let data = p.group(g);
+                for t in t0..acts.rows().min(t0 + chunk) {
+                    let (a, lut) = (planar_row(acts, t), tables.row(t));
+                    // SAFETY: the AVX2 table is handed out only on AVX2 CPUs; `lut` holds the
+                    // row's tables of its `p.cols` values.
+                    let res = unsafe {
+                        if x4 { lut_group::<true>(data, a, lut, nb) } else { lut_group::<false>(data, a, lut, nb) }
+                    };
+                    for (r, &v) in res.iter().enumerate() {
+                        let row = g * GROUP + r;
+                        if row >= rows.end {
+                            break;
+                        }
+                        // SAFETY: this call owns rows `rows` of the output.
+                        unsafe { out.write(t, row, v) };
                     }
-                    // SAFETY: this call owns rows `rows` of the output.
-                    unsafe { out.write(t, row, v) };
                 }
             }
         }
-    }
+    })
 }
 
 /// Where the packed scales of rows `8s..8s+8` (s = 0..8) start: the layout stores them in the
@@ -110,7 +115,7 @@ fn scale_run(s: usize) -> usize {
 /// does; then `acc = fma(p, d_w, acc)`. With one scale a block, the float work is a twelfth of
 /// what it is with four (on Zen 4, one thread: 100 → 150–165 G multiply-adds a second).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, nb: usize) -> [f32; GROUP] {
+unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, lut: &[u8], nb: usize) -> [f32; GROUP] {
     let m = _mm256_set1_epi8(0x0f);
     // acc[h][q]: half h (rows 32h..32h+32); q = rows 0-7, 16-23, 8-15, 24-31 of the half.
     let mut acc = [[_mm256_setzero_ps(); 4]; 2];
@@ -128,7 +133,7 @@ unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, nb: usize) -> [f3
                     s = [[_mm256_setzero_si256(); 2]; 2];
                 }
                 for j in 0..4 {
-                    let base = a.lut.as_ptr().add(32 * (32 * b + 8 * k + 2 * j));
+                    let base = lut.as_ptr().add(32 * (32 * b + 8 * k + 2 * j));
                     for (h, s) in s.iter_mut().enumerate() {
                         let wv = _mm256_loadu_si256(blk.add(2 * GROUP + (4 * k + j) * 64 + 32 * h) as *const __m256i);
                         let lo = _mm256_and_si256(wv, m);

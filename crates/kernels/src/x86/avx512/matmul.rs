@@ -12,7 +12,7 @@ use crate::act::{ActFormat, Acts};
 use crate::formats::*;
 use crate::matmul::{MatRef, OutPtr, RowKernel, TiledFn};
 use crate::pack::{GROUP, PackedMat, Q1_GROUP_BLOCK};
-use crate::x86::{PlanarRow, planar_row};
+use crate::x86::{Lut, PlanarRow, planar_row, with_tables};
 
 use super::q1_gemm::{block_scales, rows_from, scale_picks};
 
@@ -85,24 +85,28 @@ fn q1_0_packed(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr) {
 unsafe fn q1_0_packed_rows(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr) {
     let nb = p.cols / 128;
     let x4 = acts.format() == ActFormat::Q8_0x4;
-    for g in rows.start / GROUP..rows.end.div_ceil(GROUP) {
-        let data = p.group(g);
-        let row0 = g * GROUP;
-        let n = rows.end - row0;
-        for t in 0..acts.rows() {
-            // SAFETY: this call owns rows `rows` of the output and the masks stop at them.
-            unsafe {
-                let a = planar_row(acts, t);
-                let res = if x4 { lut_group::<true>(data, a, nb) } else { lut_group::<false>(data, a, nb) };
-                for (q, v) in res.iter().enumerate() {
-                    let mask = ((1u32 << n.saturating_sub(16 * q).min(16)) - 1) as __mmask16;
-                    if mask != 0 {
-                        _mm512_mask_storeu_ps(out.ptr_at(t, row0 + 16 * q), mask, *v);
+    with_tables(acts, Lut::Words, |tables| {
+        for g in rows.start / GROUP..rows.end.div_ceil(GROUP) {
+            let data = p.group(g);
+            let row0 = g * GROUP;
+            let n = rows.end - row0;
+            for t in 0..acts.rows() {
+                let (a, lut) = (planar_row(acts, t), tables.row(t));
+                // SAFETY: this call owns rows `rows` of the output and the masks stop at them;
+                // `lut` holds the row's tables of its `p.cols` values.
+                unsafe {
+                    let res =
+                        if x4 { lut_group::<true>(data, a, lut, nb) } else { lut_group::<false>(data, a, lut, nb) };
+                    for (q, v) in res.iter().enumerate() {
+                        let mask = ((1u32 << n.saturating_sub(16 * q).min(16)) - 1) as __mmask16;
+                        if mask != 0 {
+                            _mm512_mask_storeu_ps(out.ptr_at(t, row0 + 16 * q), mask, *v);
+                        }
                     }
                 }
             }
         }
-    }
+    })
 }
 
 /// One 64-row group of a packed Q1_0 matrix against one token: four vectors of 16 rows, in row
@@ -123,10 +127,10 @@ unsafe fn q1_0_packed_rows(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: 
 ///
 /// # Safety
 /// `data` is a group of a packed Q1_0 matrix of `nb` 128-blocks (`nb · Q1_GROUP_BLOCK` bytes),
-/// and `a` a planar row of `128 · nb` values with its lookup tables as words and `4 · nb`
-/// scales.
+/// `a` a planar row of `128 · nb` values with `4 · nb` scales, and `lut` its lookup tables as
+/// words (`32 · nb · 32` bytes).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, nb: usize) -> [__m512; 4] {
+unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, lut: &[u8], nb: usize) -> [__m512; 4] {
     const EVEN: [i32; 16] = scale_picks(rows_from(0, 2));
     const ODD: [i32; 16] = scale_picks(rows_from(1, 2));
     const FIRST: [i32; 16] = [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23];
@@ -143,7 +147,7 @@ unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, nb: usize) -> [__
         crate::x86::prefetch_ahead(blk, Q1_GROUP_BLOCK);
         // SAFETY: the block's 16 vectors of sign bits and the row's tables of its 128 values
         // (the contract).
-        let sums = |vs: Range<usize>| unsafe { lut_sums(blk.add(2 * GROUP), a.lut.as_ptr().add(64 * 16 * b), vs) };
+        let sums = |vs: Range<usize>| unsafe { lut_sums(blk.add(2 * GROUP), lut.as_ptr().add(64 * 16 * b), vs) };
         // SAFETY: scale `4b + k < 4 · nb` of the row (the contract).
         let scale = |k: usize| _mm512_set1_ps(unsafe { *a.scales.get_unchecked(4 * b + k) });
         let t = if X4 {
