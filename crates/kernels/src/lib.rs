@@ -38,10 +38,10 @@ pub use tier::KernelTier;
 
 use onebit_gguf::GgmlType;
 
-/// Ask for the cache lines of `bytes` ahead of reading or writing them. Stores to lines that are not in
-/// the cache complete one after another (each waits for its line), so scattered rows written
-/// cold (a KV cache's new positions) are much faster when their lines are requested together
-/// first. A hint: it changes no value, and does nothing where the CPU has no prefetch.
+/// Ask for the cache lines of `bytes` ahead of reading or writing them. Stores to lines that
+/// are not in the cache complete one after another (each waits for its line), so scattered rows
+/// written cold (a KV cache's new positions) are much faster when their lines are requested
+/// together first. A hint: it changes no value, and does nothing where the CPU has no prefetch.
 #[inline]
 pub fn prefetch(bytes: &[u8]) {
     #[cfg(target_arch = "x86_64")]

@@ -256,7 +256,8 @@ pub(crate) fn with_tables<R>(acts: &Acts, lut: Lut, f: impl FnOnce(Tables) -> R)
         return f(Tables { bytes: acts.aux_bytes(), stride: p.row_bytes, at: p.lut, len });
     }
     OWN_TABLES.with_borrow_mut(|(form, generation, tables)| {
-        if *form != lut || *generation != acts.generation() || acts.generation() == 0 {
+        // A fresh thread's form is `None`, which no call asks for: its first call builds.
+        if *form != lut || *generation != acts.generation() {
             tables.resize(acts.rows() * len);
             for (t, out) in tables.as_bytes_mut().chunks_exact_mut(len).enumerate() {
                 fill_lut(lut, bytemuck::cast_slice(planar_row(acts, t).qs), out, cols);
