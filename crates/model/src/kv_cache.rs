@@ -28,9 +28,8 @@
 
 use std::str::FromStr;
 
-use onebit_kernels::act::quantize_q8_0_act;
 use onebit_kernels::arena::Arena;
-use onebit_kernels::formats::{BlockQ8_0, blocks_mut};
+use onebit_kernels::formats::BlockQ8_0;
 use onebit_kernels::{DisjointRows, Kernels};
 
 use crate::config::Config;
@@ -451,7 +450,8 @@ fn store_raw(kernels: Kernels, ty: KvType, out: &mut [u8], x: &[f32]) {
     match ty {
         KvType::F16 => kernels.f32_to_f16(x, bytemuck::cast_slice_mut(out)),
         KvType::F32 => out.copy_from_slice(bytemuck::cast_slice(x)),
-        KvType::Q8_0 => quantize_q8_0_act(x, blocks_mut(out)),
+        // The tier's rounding, bit for bit the reference's (`onebit_kernels::act::quantize_q8_0_act`).
+        KvType::Q8_0 => kernels.quantize_q8_0(x, out),
     }
 }
 
