@@ -14,6 +14,7 @@
 
 use std::time::Instant;
 
+use onebit_kernels::arena::Arena;
 use onebit_kernels::{DisjointRows, KernelTier, Kernels, Pages, PerThread, Pool};
 
 const BLOCK: usize = 16;
@@ -43,7 +44,7 @@ fn main() {
     });
     // The same cache as Q8_0 rows: per row of D values, D / 32 blocks of a scale and 32 bytes.
     let row8 = D / 32 * 34;
-    let cache8: Vec<u8> = if q8 {
+    let cache8_vec: Vec<u8> = if q8 {
         cache
             .chunks(D)
             .enumerate()
@@ -57,6 +58,11 @@ fn main() {
     } else {
         Vec::new()
     };
+    // In an arena, as the model's pool: huge pages where the system allows them.
+    let mut arena = Arena::zeroed(cache8_vec.len());
+    arena.bytes_mut().copy_from_slice(&cache8_vec);
+    drop(cache8_vec);
+    let cache8 = arena.bytes();
     let q: Vec<f32> = (0..HEADS * group * D).map(|i| ((i * 104729 % 997) as f32 / 498.0 - 1.0) * 0.5).collect();
     let mut out = vec![0f32; HEADS * group * D];
     let scratch = PerThread::new(threads, || (vec![0f32; group * depth], vec![0f32; group * D]));

@@ -332,9 +332,33 @@ fn q8_0_scores_match_the_scalar_reference() {
     }
 }
 
+/// The AVX-512 tier's `P·V` over Q8_0 rows (`bytes`, rows of `d` values), which folds each
+/// block's scale into the weight: output (i, c) starts from `init` and takes, for every row j
+/// of nonzero weight in order, `fma(w_ij · d_jb, q_jc, ·)` (`d_jb` the scale of the block of row
+/// j holding column c).
+fn folded_pv(p: &[f32], ldo: usize, bytes: &[u8], d: usize, init: &[f32]) -> Vec<f32> {
+    let row = d / 32 * 34;
+    let mut out = init.to_vec();
+    for (i, o) in out.chunks_exact_mut(d).enumerate() {
+        for (j, r) in bytes.chunks_exact(row).enumerate() {
+            let w = p[i * ldo + j];
+            if w == 0.0 {
+                continue;
+            }
+            for (c, o) in o.iter_mut().enumerate() {
+                let blk = &r[c / 32 * 34..];
+                let scale = onebit_kernels::formats::f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
+                *o = (w * scale).mul_add(blk[2 + c % 32] as i8 as f32, *o);
+            }
+        }
+    }
+    out
+}
+
 /// The same for Q8_0 rows (a q8_0 KV cache): products over runs of blocks read as they are
-/// equal the products of the rows dequantized, on every tier: odd numbers of queries and rows,
-/// runs of one row to hundreds, heads of 32 to 256 values.
+/// equal the products of the rows dequantized, on every tier (`P·V` on the AVX-512 tiers: the
+/// recipe of [`folded_pv`]): odd numbers of queries and rows, runs of one row to hundreds, heads
+/// of 32 to 256 values.
 #[test]
 fn attention_products_over_q8_0_runs_equal_those_over_dequantized_rows() {
     let mut rng = Rng(0x98a0);
@@ -368,8 +392,13 @@ fn attention_products_over_q8_0_runs_equal_those_over_dequantized_rows() {
             assert_eq!(bits(&got), bits(&want), "{tier} gemm_nt_pages q8_0 {m}x{n}x{d} {runs:?}");
             let p: Vec<f32> = (0..m * ldo).map(|i| if i % 7 == 0 { 0.0 } else { rng.f32().abs() }).collect();
             let init: Vec<f32> = (0..m * d).map(|_| rng.f32()).collect();
-            let mut want = init.clone();
-            k.gemm_nn_acc(&p, ldo, &wide, d, &mut want);
+            let want = if matches!(tier, KernelTier::Avx512 | KernelTier::Amx) {
+                folded_pv(&p, ldo, &bytes, d, &init)
+            } else {
+                let mut want = init.clone();
+                k.gemm_nn_acc(&p, ldo, &wide, d, &mut want);
+                want
+            };
             let mut got = init.clone();
             k.gemm_nn_acc_pages(&p, ldo, Pages::Q8_0(&qr), d, &mut got);
             assert_eq!(bits(&got), bits(&want), "{tier} gemm_nn_acc_pages q8_0 {m}x{n}x{d} {runs:?}");
