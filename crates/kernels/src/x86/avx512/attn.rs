@@ -1,7 +1,7 @@
 //! AVX-512 block products for attention: scores `Q·Kᵀ` and weighted values `P·V` over cached
 //! rows (f32, or IEEE halves or Q8_0 blocks widened in the register, in runs of a paged cache),
 //! and the f16 → f32 widening itself. Over Q8_0 rows `P·V` folds each block's scale into the
-//! weight ([`acc_cols_q8`]); the scores of decoding against such a cache are in `attn_q8`.
+//! weight (its [`Elem::add_row`]); the scores of decoding against such a cache are in `attn_q8`.
 
 use std::arch::x86_64::*;
 
@@ -92,26 +92,36 @@ pub(super) trait Elem {
         unsafe { _mm512_setzero_ps() }
     }
 
-    /// Columns `c0 .. c0 + width` of `R` rows of `P·V` (see [`acc_cols`], whose recipe this is
-    /// unless the type says otherwise).
+    /// Rows per step of [`acc_cols`]' walk over the runs (each step asks for the bytes ahead
+    /// of it once).
+    const PV_ROWS: usize = 1;
+
+    /// Add the row at `row`, weighted by `w` (`zeros` of them 0, not all), into `acc`: columns
+    /// `c0 ..` of [`acc_cols`], the last vector's lanes `last`. By default each value is widened
+    /// with its block's scale ([`Elem::load_scaled`]) and taken by `fma(w, x, acc)`.
     ///
     /// # Safety
-    /// As for [`acc_cols`].
+    /// As for [`acc_cols`]: the row holds the columns, whole blocks of them.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn acc_cols<const V: usize, const R: usize>(
-        p: *const f32,
-        lda: usize,
-        pages: &[&[Self::E]],
-        n: usize,
+    unsafe fn add_row<const V: usize, const R: usize>(
+        row: *const Self::E,
         c0: usize,
-        width: usize,
-        o: *mut f32,
-    ) where
-        Self: Sized,
-    {
-        // SAFETY: the same contract.
-        unsafe { acc_cols::<Self, V, R>(p, lda, pages, n, c0, width, o) }
+        last: __mmask16,
+        w: &[f32; R],
+        zeros: usize,
+        acc: &mut [[__m512; V]; R],
+    ) {
+        // SAFETY: the same contract; values 32v' .. 32v' + 32 lie in one block (c0 is a
+        // multiple of 64): one scale each.
+        unsafe {
+            let mut s = [_mm512_setzero_ps(); V];
+            for v in (0..V).step_by(2) {
+                s[v] = Self::scale(row, c0 + 16 * v);
+            }
+            let wv: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(w[r]));
+            let lanes = |v: usize| if v + 1 < V { 0xffff } else { last };
+            fma_row(acc, w, zeros, |r, _| wv[r], |v| Self::load_scaled(row, c0 + 16 * v, lanes(v), s[v & !1]));
+        }
     }
 
     /// [`Elem::load`], given [`Elem::scale`] of the same block.
@@ -172,18 +182,50 @@ impl Elem for Q8 {
         unsafe { _mm512_cvtph_ps(_mm256_set1_epi16((row.add(d / 32 * 34) as *const i16).read_unaligned())) }
     }
 
+    const PV_ROWS: usize = 16;
+
+    /// The block's scale folded into the weight: each output lane takes `fma(w_j · d_jb, q_jc,
+    /// acc)` (`d_jb` the scale of the block of row j that holds column c, `q_jc` its byte),
+    /// where widening the values first took `fma(w_j, q_jc · d_jb, acc)`. Per row that is R·B
+    /// scalar products (B ≤ 4 blocks of the columns) in place of a vector multiplication per 16
+    /// values, and the products reach the fmas as broadcast memory operands, which take no
+    /// shuffle: the multiplications, and the broadcasts of a first try, sat on the pipes the
+    /// fmas and the widening need (from L2, a 1.7B-shape kv head's `P·V` 15.3 → 17.2 GB/s on
+    /// Zen 4).
     #[inline(always)]
-    unsafe fn acc_cols<const V: usize, const R: usize>(
-        p: *const f32,
-        lda: usize,
-        pages: &[&[u8]],
-        n: usize,
+    unsafe fn add_row<const V: usize, const R: usize>(
+        row: *const u8,
         c0: usize,
-        width: usize,
-        o: *mut f32,
+        last: __mmask16,
+        w: &[f32; R],
+        zeros: usize,
+        acc: &mut [[__m512; V]; R],
     ) {
-        // SAFETY: the same contract.
-        unsafe { acc_cols_q8::<V, R>(p, lda, pages, n, c0, width, o) }
+        // SAFETY: the contract: the row's blocks `c0 / 32 ..` hold the columns (at most 128
+        // values: four blocks), each a 2-byte scale and 32 bytes; F16C and AVX-512 F/BW/VL.
+        unsafe {
+            let (first_block, blocks) = (c0 / 32, V.div_ceil(2));
+            // The blocks' scales as four halves in one word, widened together.
+            let mut halves = 0u64;
+            for b in 0..blocks {
+                let h = (row.add((first_block + b) * 34) as *const u16).read_unaligned();
+                halves |= (h as u64) << (16 * b);
+            }
+            let d = _mm_cvtph_ps(_mm_cvtsi64_si128(halves as i64));
+            let mut wd = [[0f32; 4]; R];
+            for r in 0..R {
+                _mm_storeu_ps(wd[r].as_mut_ptr(), _mm_mul_ps(_mm_set1_ps(w[r]), d));
+            }
+            // Read back through memory: a volatile read keeps the compiler from turning the
+            // broadcasts into shuffles of `d`, so each becomes the fma's `{1to16}` operand.
+            let weight = |r: usize, v: usize| _mm512_set1_ps(std::ptr::read_volatile(&wd[r][v / 2]));
+            let lanes = |v: usize| if v + 1 < V { 0xffff } else { last };
+            let load = |v: usize| {
+                let at = row.add((first_block + v / 2) * 34 + 2 + 16 * (v % 2));
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(lanes(v), at as *const i8)))
+            };
+            fma_row(acc, w, zeros, weight, load);
+        }
     }
 
     #[inline(always)]
@@ -374,10 +416,6 @@ unsafe fn hsum16(v: &[__m512; 16]) -> __m512 {
     }
 }
 
-/// Rows of the runs the Q8_0 `P·V` takes per chunk (each chunk asks for the bytes ahead of it
-/// once).
-const CHUNK_ROWS: usize = 16;
-
 /// `out_i += Σ_j a[i·lda + j] · b_j` for rows `b_j` of `n` values (`out` is m × n). Up to four
 /// output rows at a time share each loaded row of `b`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
@@ -430,14 +468,14 @@ unsafe fn acc_rows<B: Elem, const R: usize>(
     // makes `width.div_ceil(16)` the V it needs.
     unsafe {
         match width.div_ceil(16) {
-            8 => B::acc_cols::<8, R>(p, lda, pages, n, c0, width, o),
-            7 => B::acc_cols::<7, R>(p, lda, pages, n, c0, width, o),
-            6 => B::acc_cols::<6, R>(p, lda, pages, n, c0, width, o),
-            5 => B::acc_cols::<5, R>(p, lda, pages, n, c0, width, o),
-            4 => B::acc_cols::<4, R>(p, lda, pages, n, c0, width, o),
-            3 => B::acc_cols::<3, R>(p, lda, pages, n, c0, width, o),
-            2 => B::acc_cols::<2, R>(p, lda, pages, n, c0, width, o),
-            _ => B::acc_cols::<1, R>(p, lda, pages, n, c0, width, o),
+            8 => acc_cols::<B, 8, R>(p, lda, pages, n, c0, width, o),
+            7 => acc_cols::<B, 7, R>(p, lda, pages, n, c0, width, o),
+            6 => acc_cols::<B, 6, R>(p, lda, pages, n, c0, width, o),
+            5 => acc_cols::<B, 5, R>(p, lda, pages, n, c0, width, o),
+            4 => acc_cols::<B, 4, R>(p, lda, pages, n, c0, width, o),
+            3 => acc_cols::<B, 3, R>(p, lda, pages, n, c0, width, o),
+            2 => acc_cols::<B, 2, R>(p, lda, pages, n, c0, width, o),
+            _ => acc_cols::<B, 1, R>(p, lda, pages, n, c0, width, o),
         }
     }
 }
@@ -464,15 +502,6 @@ unsafe fn acc_cols<B: Elem, const V: usize, const R: usize>(
         // Every vector but the last is whole.
         let last = mask(width - 16 * (V - 1));
         let lanes = |v: usize| if v + 1 < V { 0xffff } else { last };
-        // Values 32v' .. 32v' + 32 lie in one block (c0 is a multiple of 64): one scale each.
-        let scales = |row: *const B::E| -> [__m512; V] {
-            let mut s = [_mm512_setzero_ps(); V];
-            for v in (0..V).step_by(2) {
-                s[v] = B::scale(row, c0 + 16 * v);
-            }
-            s
-        };
-        let load = |row: *const B::E, v: usize, s: &[__m512; V]| B::load_scaled(row, c0 + 16 * v, lanes(v), s[v & !1]);
         let mut acc: [[__m512; V]; R] = std::array::from_fn(|r| {
             std::array::from_fn(|v| _mm512_maskz_loadu_ps(lanes(v), o.add(r * n + c0 + 16 * v)))
         });
@@ -480,31 +509,12 @@ unsafe fn acc_cols<B: Elem, const V: usize, const R: usize>(
         if let Some(first) = pages.first() {
             prefetch(first, 0, AHEAD);
         }
-        for RunChunk { run, rows, j } in RunChunks::new(pages, row_len, 1) {
-            let w: [f32; R] = std::array::from_fn(|r| *p.add(r * lda + j));
-            let zeros = w.iter().filter(|&&w| w == 0.0).count();
-            if zeros == R {
-                continue;
-            }
-            let wv: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(w[r]));
-            let row = run.as_ptr().add(rows.start * row_len);
-            let sc = scales(row);
-            if zeros == 0 {
-                for v in 0..V {
-                    let x = load(row, v, &sc);
-                    for r in 0..R {
-                        acc[r][v] = _mm512_fmadd_ps(wv[r], x, acc[r][v]);
-                    }
-                }
-            } else {
-                // A row skips its own zero weights only, whatever the rows beside it: adding
-                // 0·x could still turn a -0 sum into +0.
-                for r in 0..R {
-                    if w[r] != 0.0 {
-                        for v in 0..V {
-                            acc[r][v] = _mm512_fmadd_ps(wv[r], load(row, v, &sc), acc[r][v]);
-                        }
-                    }
+        for RunChunk { run, rows, j } in RunChunks::new(pages, row_len, B::PV_ROWS) {
+            for (t, at) in rows.enumerate() {
+                let w: [f32; R] = std::array::from_fn(|r| *p.add(r * lda + j + t));
+                let zeros = w.iter().filter(|&&w| w == 0.0).count();
+                if zeros < R {
+                    B::add_row(run.as_ptr().add(at * row_len), c0, last, &w, zeros, &mut acc);
                 }
             }
         }
@@ -521,92 +531,38 @@ unsafe fn acc_cols<B: Elem, const V: usize, const R: usize>(
     }
 }
 
-/// [`acc_cols`] over rows of Q8_0 blocks, the block's scale folded into the weight: each
-/// output lane takes `fma(w_j · d_jb, q_jc, acc)` for the rows j of nonzero weight in order
-/// (`d_jb` the scale of the block of row j that holds column c, `q_jc` its byte), where
-/// widening the values first took `fma(w_j, q_jc · d_jb, acc)`. Per row that is R·B scalar
-/// products (B ≤ 4 blocks of the columns) in place of a vector multiplication per 16 values,
-/// and the products reach the fmas as broadcast memory operands, which take no shuffle: the
-/// multiplications, and the broadcasts of the previous try, sat on the pipes the fmas and the
-/// widening need (from L2, a 1.7B-shape kv head's `P·V` 15.3 → 17.2 GB/s on Zen 4).
+/// One weighted row into the accumulators of [`Elem::add_row`]: `fma(weight(r, v), load(v),
+/// acc[r][v])` for every output row r of nonzero weight `w[r]` (`zeros` of them are 0), each
+/// value loaded once when no weight is 0.
 ///
 /// # Safety
-/// As for [`acc_cols`], with `c0` a multiple of 32 and `width` of whole blocks.
+/// AVX-512 F must be present, and `load` safe to call for every `v < V`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn acc_cols_q8<const V: usize, const R: usize>(
-    p: *const f32,
-    lda: usize,
-    pages: &[&[u8]],
-    n: usize,
-    c0: usize,
-    width: usize,
-    o: *mut f32,
+unsafe fn fma_row<const V: usize, const R: usize>(
+    acc: &mut [[__m512; V]; R],
+    w: &[f32; R],
+    zeros: usize,
+    weight: impl Fn(usize, usize) -> __m512,
+    load: impl Fn(usize) -> __m512,
 ) {
-    // SAFETY: the caller's contract (that of `acc_cols`): R rows of `n` outputs at `o`, R rows
-    // of weights at `p` (`lda` apart, one per row of the runs), columns `c0 .. c0 + width`
-    // (whole blocks, at most 128 values: four) inside every row; `lanes` masks the last vector
-    // to `width`. AVX-512 F/BW/VL and F16C present.
+    // SAFETY: register operations only, AVX-512 F present (the contract).
     unsafe {
-        let last = mask(width - 16 * (V - 1));
-        let lanes = |v: usize| if v + 1 < V { 0xffff } else { last };
-        let (first_block, blocks) = (c0 / 32, V.div_ceil(2));
-        let mut acc: [[__m512; V]; R] = std::array::from_fn(|r| {
-            std::array::from_fn(|v| _mm512_maskz_loadu_ps(lanes(v), o.add(r * n + c0 + 16 * v)))
-        });
-        let row_len = n / 32 * 34;
-        if let Some(first) = pages.first() {
-            prefetch(first, 0, AHEAD);
-        }
-        for RunChunk { run, rows, j } in RunChunks::new(pages, row_len, CHUNK_ROWS) {
-            for (t, at) in rows.enumerate() {
-                let w: [f32; R] = std::array::from_fn(|r| *p.add(r * lda + j + t));
-                let zeros = w.iter().filter(|&&w| w == 0.0).count();
-                if zeros == R {
-                    continue;
-                }
-                let row = run.as_ptr().add(at * row_len);
-                // The blocks' scales as four halves in one word, widened together.
-                let mut halves = 0u64;
-                for b in 0..blocks {
-                    let h = (row.add((first_block + b) * 34) as *const u16).read_unaligned();
-                    halves |= (h as u64) << (16 * b);
-                }
-                let d = _mm_cvtph_ps(_mm_cvtsi64_si128(halves as i64));
-                let mut wd = [[0f32; 4]; R];
+        if zeros == 0 {
+            for v in 0..V {
+                let x = load(v);
                 for r in 0..R {
-                    _mm_storeu_ps(wd[r].as_mut_ptr(), _mm_mul_ps(_mm_set1_ps(w[r]), d));
-                }
-                // Read back through memory: a volatile read keeps the compiler from turning
-                // the broadcasts into shuffles of `d`, so each becomes the fma's `{1to16}`
-                // operand.
-                let weight = |r: usize, v: usize| _mm512_set1_ps(std::ptr::read_volatile(&wd[r][v / 2]));
-                let load = |v: usize| {
-                    let at = row.add((first_block + v / 2) * 34 + 2 + 16 * (v % 2));
-                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(lanes(v), at as *const i8)))
-                };
-                if zeros == 0 {
-                    for v in 0..V {
-                        let x = load(v);
-                        for r in 0..R {
-                            acc[r][v] = _mm512_fmadd_ps(weight(r, v), x, acc[r][v]);
-                        }
-                    }
-                } else {
-                    // A row skips its own zero weights only, whatever the rows beside it.
-                    for r in 0..R {
-                        if w[r] != 0.0 {
-                            for v in 0..V {
-                                acc[r][v] = _mm512_fmadd_ps(weight(r, v), load(v), acc[r][v]);
-                            }
-                        }
-                    }
+                    acc[r][v] = _mm512_fmadd_ps(weight(r, v), x, acc[r][v]);
                 }
             }
-        }
-        for (r, acc) in acc.iter().enumerate() {
-            for v in 0..V {
-                _mm512_mask_storeu_ps(o.add(r * n + c0 + 16 * v), lanes(v), acc[v]);
+        } else {
+            // A row skips its own zero weights only, whatever the rows beside it: adding 0·x
+            // could still turn a -0 sum into +0.
+            for r in 0..R {
+                if w[r] != 0.0 {
+                    for v in 0..V {
+                        acc[r][v] = _mm512_fmadd_ps(weight(r, v), load(v), acc[r][v]);
+                    }
+                }
             }
         }
     }
