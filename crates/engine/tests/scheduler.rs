@@ -97,16 +97,27 @@ fn a_long_prompt_does_not_stall_the_streams_that_decode() {
 fn waiting_requests_are_served_in_order() {
     let Some(e) = engine("qwen3-q8_0") else { return };
     let s = start(&e, config(1, 512, 256));
-    let handles: Vec<RequestHandle> = (0..5).map(|i| s.submit(tokens(20, i, vocab(&e)), endless(6)).unwrap()).collect();
-    // One at a time, in order: each waited in the queue until the one before it had decoded
-    // (the two clocks are read at slightly different points of a step, so not to the
-    // microsecond its end). Not the order in which the waiting threads wake: on two busy
-    // cores one can wake after the next request, a few tokens of a tiny model, is done.
+    // Each request's submission instant is bracketed here: on two busy cores this thread can
+    // be put to sleep between two submissions, long enough for the one before to finish.
+    let mut handles = Vec::new();
+    let mut bracket = Vec::new();
+    for i in 0..5 {
+        let before = Instant::now();
+        handles.push(s.submit(tokens(20, i, vocab(&e)), endless(6)).unwrap());
+        bracket.push((before, Instant::now()));
+    }
+    // One at a time, in order: each was admitted only after the one before it had been
+    // prefilled and had decoded (its admission's earliest possible instant against the latest
+    // possible end of the other's prefill). Not the order in which the waiting threads wake:
+    // on two busy cores one can wake after the next request, a few tokens of a tiny model, is done.
     let threads: Vec<_> = handles.into_iter().map(|h| std::thread::spawn(move || h.wait(|_| Flow::Continue))).collect();
     let done: Vec<_> = threads.into_iter().map(|t| t.join().unwrap().unwrap()).collect();
-    for w in done.windows(2) {
-        let (a, b) = (&w[0].timings, &w[1].timings);
-        assert!(b.queue > a.queue + a.prefill + a.decode / 2.0, "served out of order: {a:?} then {b:?}");
+    let secs = Duration::from_secs_f64;
+    for i in 1..done.len() {
+        let (a, b) = (&done[i - 1].timings, &done[i].timings);
+        let a_prefilled_by = bracket[i - 1].1 + secs(a.queue + a.prefill);
+        let b_admitted_from = bracket[i].0 + secs(b.queue);
+        assert!(b_admitted_from > a_prefilled_by, "served out of order: {a:?} then {b:?}");
     }
 }
 
