@@ -9,11 +9,12 @@
 //! - `isums`: the exact integer sum Σa of each 32-block, so that kernels which multiply
 //!   unsigned weight codes can take the codes' offset off in integers (as the AMX tiles, which
 //!   multiply signed values, never have to);
-//! - `lut` (for products with 1-bit weights): for every 4 values, the 16 sums ±a0±a1±a2±a3 as
-//!   i16, looked up by 4 weight bits: split into 16 low bytes and 16 high bytes for AVX2's
-//!   `vpshufb` ([`Lut::Bytes`]), or as 16 words for AVX-512's `vpermw` ([`Lut::Words`]); 32
-//!   bytes either way. Built here, once, for products of more than [`OWN_TABLE_ROWS`] tokens;
-//!   each thread builds its own for fewer (see [`with_tables`]).
+//! - `lut` (for products with 1-bit weights): sums of activations signed by weight bits, as
+//!   i16, looked up by the bits. For AVX2's `vpshufb` ([`Lut::Bytes`]): for every 4 values the
+//!   16 sums ±a0±a1±a2±a3, split into 16 low bytes and 16 high bytes (32 bytes). For
+//!   AVX-512's `vpermw` ([`Lut::Words`]): for every 8 values the 32 sums ±a0..±a4 and the 8
+//!   sums ±a5±a6±a7 (80 bytes; see [`fill_lut_words`]). Built here, once, for products of more
+//!   than [`OWN_TABLE_ROWS`] tokens; each thread builds its own for fewer (see [`with_tables`]).
 //!
 //! Q8_K rows take the same layout with one scale and one integer sum per 256-block, in the
 //! first slots.
@@ -43,7 +44,7 @@ impl Planar {
         let sums = scales + (cols / 32) * 4;
         let isums = sums + (cols / 32) * 4;
         let lut = (isums + (cols / 32) * 4).next_multiple_of(64);
-        let row_bytes = lut + (cols / 4) * 32;
+        let row_bytes = lut + Lut::Words.len(cols).max(Lut::Bytes.len(cols));
         Planar { scales, sums, isums, lut, row_bytes }
     }
 }
@@ -240,8 +241,8 @@ thread_local! {
 /// [`prepare_planar`] asking for `lut`).
 ///
 /// A product of up to [`OWN_TABLE_ROWS`] tokens (decoding) gives each thread its own copy, built
-/// the first time the thread takes a share of a product with these activations: about 1 µs
-/// for 2,048 values, while the other threads build theirs. Built once on the calling thread,
+/// the first time the thread takes a share of a product with these activations: a microsecond
+/// or two for 2,048 values, while the other threads build theirs. Built once on the calling thread,
 /// the tables were a serial step with the other threads waiting, slowed by taking back the
 /// lines they had just read, and then read by them from the other core's cache (on two cores
 /// of a Zen 4, decoding the Bonsai-1.7B shape: 3 % of the samples and the other thread idle
@@ -249,7 +250,7 @@ thread_local! {
 pub(crate) fn with_tables<R>(acts: &Acts, lut: Lut, f: impl FnOnce(Tables) -> R) -> R {
     assert!(lut != Lut::None, "with_tables: no form of tables asked for");
     let cols = acts.cols();
-    let len = cols / 4 * 32;
+    let len = lut.len(cols);
     if acts.rows() > OWN_TABLE_ROWS {
         let p = Planar::new(cols);
         assert!(acts.aux_row_bytes() == p.row_bytes, "lookup tables of rows not laid out");
@@ -275,6 +276,26 @@ pub(crate) enum Lut {
     Bytes,
     Words,
 }
+
+impl Lut {
+    /// Bytes of the tables of a row of `cols` values.
+    pub(crate) fn len(self, cols: usize) -> usize {
+        match self {
+            Lut::None => 0,
+            Lut::Bytes => cols / 4 * 32,
+            Lut::Words => cols / 8 * WORD_TABLES_PER_8,
+        }
+    }
+}
+
+/// Bytes of [`Lut::Words`] tables per 8 values: 32 words for values 0-4, 8 for values 5-7.
+const WORD_TABLES_PER_8: usize = 80;
+
+/// The word tables of a 128-value block: the 16 groups' 32-word tables (64 bytes each), then
+/// their 8-word tables (16 bytes each).
+pub(crate) const WORD_TABLES_BLOCK: usize = 16 * WORD_TABLES_PER_8;
+/// Where a block's 8-word tables start, inside its [`WORD_TABLES_BLOCK`] bytes.
+pub(crate) const WORD_TABLES_HIGH: usize = 16 * 64;
 
 /// Build the planar layout for 8-bit activations (rows in parallel when there are many), with
 /// the 1-bit lookup tables of the form `lut` when the tokens are many enough to share them
@@ -308,7 +329,7 @@ pub(crate) fn prepare_planar(pool: &Pool, acts: &mut Acts, lut: Lut, extra: usiz
         // SAFETY: every x86 SIMD tier requires AVX2 and F16C.
         unsafe { fill_planar_row(format, &src[t * rb..(t + 1) * rb], row, &p, cols) };
         let (qs, rest) = row.split_at_mut(p.lut);
-        fill_lut(lut, qs, &mut rest[..cols / 4 * 32], cols);
+        fill_lut(lut, qs, &mut rest[..lut.len(cols)], cols);
     };
     if serial {
         (0..rows).for_each(fill);
@@ -329,10 +350,10 @@ fn prefetch_to_own(bytes: &[u8]) {
     }
 }
 
-/// The 16 sums ±a0±a1±a2±a3 of every 4 of the `cols` quants `qs` (bit i of the index set:
-/// +a_i), in the form `lut`, into `out` (`cols / 4 · 32` bytes).
+/// The lookup tables of the `cols` quants `qs` in the form `lut` (see the module's header), into
+/// `out` (`lut.len(cols)` bytes).
 fn fill_lut(lut: Lut, qs: &[u8], out: &mut [u8], cols: usize) {
-    assert!(qs.len() >= cols && out.len() == cols / 4 * 32, "lookup tables of {cols} values");
+    assert!(qs.len() >= cols && out.len() == lut.len(cols), "lookup tables of {cols} values");
     match lut {
         Lut::None => {}
         // SAFETY: every x86 SIMD tier requires AVX2.
@@ -355,15 +376,39 @@ fn lut_entries(qs: &[u8], g: usize) -> [i16; 16] {
     t
 }
 
+/// The sums Σ_i ±a_i of the `n` quants of `qs` from `at` (bit i of the index set: +a_i).
+#[cfg_attr(not(test), allow(dead_code))]
+fn signed_sums(qs: &[u8], at: usize, n: usize) -> Vec<i16> {
+    (0..1usize << n)
+        .map(|v| (0..n).map(|i| if v >> i & 1 == 1 { 1 } else { -1 } * (qs[at + i] as i8 as i16)).sum())
+        .collect()
+}
+
 /// The scalar form of the tables (the reference the vector forms are tested against).
 #[cfg_attr(not(test), allow(dead_code))]
 fn fill_lut_ref(lut: Lut, qs: &[u8], tables: &mut [u8]) {
-    for (g, out) in tables.chunks_exact_mut(32).enumerate() {
-        for (v, &x) in lut_entries(qs, g).iter().enumerate() {
-            match lut {
-                Lut::None => return,
-                Lut::Bytes => (out[v], out[16 + v]) = (x as u8, (x >> 8) as u8),
-                Lut::Words => out[2 * v..2 * v + 2].copy_from_slice(&x.to_le_bytes()),
+    match lut {
+        Lut::None => {}
+        Lut::Bytes => {
+            for (g, out) in tables.chunks_exact_mut(32).enumerate() {
+                for (v, &x) in lut_entries(qs, g).iter().enumerate() {
+                    (out[v], out[16 + v]) = (x as u8, (x >> 8) as u8);
+                }
+            }
+        }
+        Lut::Words => {
+            for (b, block) in tables.chunks_exact_mut(WORD_TABLES_BLOCK).enumerate() {
+                let (low, high) = block.split_at_mut(WORD_TABLES_HIGH);
+                for v in 0..16 {
+                    let at = 128 * b + 8 * v;
+                    let words = signed_sums(qs, at, 5).into_iter().chain(signed_sums(qs, at + 5, 3));
+                    let out = low[64 * v..64 * v + 64]
+                        .chunks_exact_mut(2)
+                        .chain(high[16 * v..16 * v + 16].chunks_exact_mut(2));
+                    for (o, x) in out.zip(words) {
+                        o.copy_from_slice(&x.to_le_bytes());
+                    }
+                }
             }
         }
     }
@@ -408,14 +453,22 @@ unsafe fn fill_lut_avx2(qs: &[u8], lut: &mut [u8]) {
     }
 }
 
-/// The tables as words, by `vpdpbusd`, sixteen groups of four values per 64 loaded: lane v of
+/// The tables as words (see the module's header), for every 8 values `a0..a7`: the 32 sums
+/// ±a0..±a4 (`T1`, indexed by a weight byte's bits 0-4) and the 8 sums ±a5±a6±a7 (`T2`, by its
+/// bits 5-7), so that the lookup kernel indexes them by shifts alone: `vpermw` reads only the low
+/// five bits of an index, and `T2`, broadcast to four copies, ignores bits 3 and 4.
+///
+/// Both come from the 4-value tables `L` (of a0..a3) and `H` (of a4..a7), built by `vpdpbusd`,
+/// sixteen groups of four values per 64 quants loaded: lane v of
 /// `Σ_i (a_i + 128)·s_i(v) − 128·Σ_i s_i(v)`, with `s_i(v) = ±1` by bit i of v, is entry v of
-/// a group whose four bytes (biased to unsigned) fill every lane. `qs` are a row's `cols`
-/// quants, `lut` its `cols / 4 · 32` bytes of tables.
+/// a group whose four bytes (biased to unsigned) fill every lane. Then `T1(v) = L(v mod 16) ± a4`
+/// (+ where bit 4 of v is set) and `T2(u) = (H(2u) + H(2u + 1)) / 2`, exact in integers. `qs`
+/// are a row's `cols` quants (a multiple of 128), `lut` its `Lut::Words.len(cols)` bytes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn fill_lut_words(qs: &[u8], lut: &mut [u8], cols: usize) {
     use std::arch::x86_64::*;
-    assert!(qs.len() >= cols && lut.len() == cols / 4 * 32, "lookup tables of {cols} values");
+    assert!(cols.is_multiple_of(128), "word tables of {cols} values");
+    assert!(qs.len() >= cols && lut.len() == Lut::Words.len(cols), "lookup tables of {cols} values");
     // Lane v: the signs s_i(v) as bytes, and −128·Σ_i s_i(v).
     const SIGNS: [i8; 64] = {
         let mut s = [0i8; 64];
@@ -435,12 +488,24 @@ unsafe fn fill_lut_words(qs: &[u8], lut: &mut [u8], cols: usize) {
         }
         b
     };
-    // SAFETY: both constants are 64 bytes.
+    // Word picks from [L | H]: L twice; H's even entries; H's odd entries.
+    const PICKS: [[u16; 32]; 3] = {
+        let mut p = [[0u16; 32]; 3];
+        let mut i = 0;
+        while i < 32 {
+            p[0][i] = (i % 16) as u16;
+            p[1][i] = (16 + 2 * (i % 8)) as u16;
+            p[2][i] = (17 + 2 * (i % 8)) as u16;
+            i += 1;
+        }
+        p
+    };
+    // SAFETY: every constant is 64 bytes.
     let (signs, bias) =
         unsafe { (_mm512_loadu_si512(SIGNS.as_ptr() as *const _), _mm512_loadu_si512(BIAS.as_ptr() as *const _)) };
+    // SAFETY: as above.
+    let picks = PICKS.map(|p| unsafe { _mm512_loadu_si512(p.as_ptr() as *const _) });
     let flip = _mm512_set1_epi8(-128);
-    // Whole blocks of 32 values: every run of tables is an even number of groups.
-    assert!(cols.is_multiple_of(32), "lookup tables of {cols} values");
     // Qwords of `vpackssdw`'s result back in order: its 128-bit lane i holds words 4i .. 4i + 4
     // of its first operand, then of its second.
     // SAFETY: 8 i64.
@@ -448,21 +513,26 @@ unsafe fn fill_lut_words(qs: &[u8], lut: &mut [u8], cols: usize) {
     let group = |g: usize, x: __m512i| {
         _mm512_dpbusd_epi32(bias, _mm512_permutexvar_epi32(_mm512_set1_epi32(g as i32), x), signs)
     };
-    for (c, out) in lut.chunks_mut(16 * 32).enumerate() {
-        let groups = out.len() / 32;
-        // SAFETY: values 64c .. 64c + 4·groups are inside the row's `cols` quants; the masked
-        // load reads no others.
-        let x = unsafe {
-            let m = if groups == 16 { u64::MAX } else { (1u64 << (4 * groups)) - 1 };
-            _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, qs.as_ptr().add(64 * c) as *const i8), flip)
-        };
-        // Two groups a store: the entries (within ±512) packed to words in registers. A
-        // narrowing store (`vpmovdw` to memory) takes many cycles on Zen 4: building the tables
-        // that way was 5 % of a decode profile, the other thread waiting meanwhile.
-        for (p, o) in out.chunks_exact_mut(64).enumerate() {
-            let w = _mm512_permutexvar_epi64(order, _mm512_packs_epi32(group(2 * p, x), group(2 * p + 1, x)));
-            // SAFETY: `o` is 64 bytes: 32 words.
-            unsafe { _mm512_storeu_si512(o.as_mut_ptr() as *mut _, w) };
+    for c in 0..cols / 64 {
+        // SAFETY: values 64c .. 64c + 64 are inside the row's `cols` quants.
+        let x = unsafe { _mm512_xor_si512(_mm512_loadu_si512(qs.as_ptr().add(64 * c) as *const _), flip) };
+        for p in 0..8 {
+            // [L | H] of the 8 values 8g .. 8g + 8, packed to words in registers (a narrowing
+            // store, `vpmovdw` to memory, takes many cycles on Zen 4).
+            let lh = _mm512_permutexvar_epi64(order, _mm512_packs_epi32(group(2 * p, x), group(2 * p + 1, x)));
+            let g = 8 * c + p;
+            let a4 = _mm512_set1_epi16(qs[8 * g + 4] as i8 as i16);
+            let l = _mm512_permutexvar_epi16(picks[0], lh);
+            let t1 = _mm512_mask_add_epi16(_mm512_sub_epi16(l, a4), 0xffff_0000, l, a4);
+            let h = _mm512_add_epi16(_mm512_permutexvar_epi16(picks[1], lh), _mm512_permutexvar_epi16(picks[2], lh));
+            let t2 = _mm512_castsi512_si128(_mm512_srai_epi16::<1>(h));
+            let block = &mut lut[(g / 16) * WORD_TABLES_BLOCK..][..WORD_TABLES_BLOCK];
+            let v = g % 16;
+            // SAFETY: 64 bytes at 64v and 16 at WORD_TABLES_HIGH + 16v lie inside the block.
+            unsafe {
+                _mm512_storeu_si512(block.as_mut_ptr().add(64 * v) as *mut _, t1);
+                _mm_storeu_si128(block.as_mut_ptr().add(WORD_TABLES_HIGH + 16 * v) as *mut _, t2);
+            }
         }
     }
 }
@@ -522,21 +592,22 @@ mod tests {
     #[cfg_attr(miri, ignore = "SIMD code: Miri interprets no vector intrinsics")]
     fn lookup_tables_match_the_reference() {
         // Whole and partial runs of 64 values; every byte value, −128 included.
-        for cols in [32, 96, 256, 288, 2080] {
+        for cols in [32, 96, 128, 256, 288, 384, 2080, 2176] {
             let qs: Vec<u8> = (0..cols).map(|i| ((i * 37 + 11) % 256) as u8).collect();
-            let len = cols / 4 * 32;
-            let (mut bytes, mut words) = (vec![0u8; len], vec![0u8; len]);
+            let mut bytes = vec![0u8; Lut::Bytes.len(cols)];
             fill_lut_ref(Lut::Bytes, &qs, &mut bytes);
-            fill_lut_ref(Lut::Words, &qs, &mut words);
-            let mut avx2 = vec![0u8; len];
+            let mut avx2 = vec![0u8; bytes.len()];
             // SAFETY: every x86 machine that runs these tests has AVX2.
             unsafe { fill_lut_avx2(&qs, &mut avx2) };
             assert_eq!(avx2, bytes, "avx2, {cols} values");
-            if is_x86_feature_detected!("avx512bw")
+            let mut words = vec![0u8; Lut::Words.len(cols)];
+            fill_lut_ref(Lut::Words, &qs, &mut words);
+            if cols % 128 == 0
+                && is_x86_feature_detected!("avx512bw")
                 && is_x86_feature_detected!("avx512vl")
                 && is_x86_feature_detected!("avx512vnni")
             {
-                let mut avx512 = vec![0u8; len];
+                let mut avx512 = vec![0u8; words.len()];
                 // SAFETY: just checked.
                 unsafe { fill_lut_words(&qs, &mut avx512, cols) };
                 assert_eq!(avx512, words, "avx512, {cols} values");

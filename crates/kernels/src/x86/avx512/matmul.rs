@@ -12,7 +12,7 @@ use crate::act::{ActFormat, Acts};
 use crate::formats::*;
 use crate::matmul::{MatRef, OutPtr, RowKernel, TiledFn};
 use crate::pack::{GROUP, PackedMat, Q1_GROUP_BLOCK};
-use crate::x86::{Lut, PlanarRow, planar_row, with_tables};
+use crate::x86::{Lut, PlanarRow, WORD_TABLES_BLOCK, WORD_TABLES_HIGH, planar_row, with_tables};
 
 use super::q1_gemm::{block_scales, rows_from, scale_picks};
 
@@ -113,11 +113,12 @@ unsafe fn q1_0_packed_rows(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: 
 /// order.
 ///
 /// Each 64-byte vector of weight bits (byte r: row r's eight weights of values `8v .. 8v + 8`)
-/// is read as 32 words, word i holding rows 2i and 2i + 1; shifts and masks make four vectors
-/// of indices from it: the low and the high nibble of the even rows and of the odd rows, the
-/// high ones plus 16. One vector holds the two groups' tables as words (`Lut::Words`), so that
-/// one `vpermw` looks up 32 rows. The sums come out for the even rows (0, 2, … 30; 32, … 62)
-/// and the odd rows, and go back to row order at the end.
+/// is read as 32 words, word i holding rows 2i and 2i + 1; three shifts make the indices from
+/// it: bits 0-4 and 5-7 of the even rows and of the odd rows. The tables (`Lut::Words`) are the
+/// 32 sums of values 0-4, looked up by one `vpermw` for 32 rows (which reads only an index's
+/// low five bits), and the 8 sums of values 5-7, broadcast to four copies (so bits 3-4 of their
+/// index, the next row's, do not matter). The sums come out for the even rows (0, 2, … 30;
+/// 32, … 62) and the odd rows, and go back to row order at the end.
 ///
 /// The float work is the AMX tiles' (see `rows16`): with Q8_0 activations, per 128-block
 /// `p = C_0·d_a0`, `p = fma(C_k, d_ak, p)` for the other three 32-blocks, `acc = fma(p, d_w,
@@ -128,7 +129,7 @@ unsafe fn q1_0_packed_rows(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: 
 /// # Safety
 /// `data` is a group of a packed Q1_0 matrix of `nb` 128-blocks (`nb · Q1_GROUP_BLOCK` bytes),
 /// `a` a planar row of `128 · nb` values with `4 · nb` scales, and `lut` its lookup tables as
-/// words (`32 · nb · 32` bytes).
+/// words (`nb · WORD_TABLES_BLOCK` bytes).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, lut: &[u8], nb: usize) -> [__m512; 4] {
     const EVEN: [i32; 16] = scale_picks(rows_from(0, 2));
@@ -147,7 +148,8 @@ unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, lut: &[u8], nb: u
         crate::x86::prefetch_ahead(blk, Q1_GROUP_BLOCK);
         // SAFETY: the block's 16 vectors of sign bits and the row's tables of its 128 values
         // (the contract).
-        let sums = |vs: Range<usize>| unsafe { lut_sums(blk.add(2 * GROUP), lut.as_ptr().add(64 * 16 * b), vs) };
+        let sums =
+            |vs: Range<usize>| unsafe { lut_sums(blk.add(2 * GROUP), lut.as_ptr().add(WORD_TABLES_BLOCK * b), vs) };
         // SAFETY: scale `4b + k < 4 · nb` of the row (the contract).
         let scale = |k: usize| _mm512_set1_ps(unsafe { *a.scales.get_unchecked(4 * b + k) });
         let t = if X4 {
@@ -182,26 +184,24 @@ unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, lut: &[u8], nb: u
 /// rows and for the odd rows of a group (see [`lut_group`]).
 ///
 /// # Safety
-/// `bits` points at a block's 16 vectors of sign bits, `lut` at the 16 vectors of tables of its
-/// 128 values; AVX-512 F/BW.
+/// `bits` points at a block's 16 vectors of sign bits, `lut` at the word tables of its 128
+/// values (`WORD_TABLES_BLOCK` bytes); AVX-512 F/BW.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]
 unsafe fn lut_sums(bits: *const u8, lut: *const u8, vs: Range<usize>) -> (__m512i, __m512i) {
-    let low = _mm512_set1_epi16(0x0f);
-    let plus16 = _mm512_set1_epi16(0x10);
     let (mut even, mut odd) = (_mm512_setzero_si512(), _mm512_setzero_si512());
     for v in vs {
         // SAFETY: vector `v < 16` of each (the contract).
-        let (w, table) = unsafe {
-            (_mm512_loadu_si512(bits.add(64 * v) as *const _), _mm512_loadu_si512(lut.add(64 * v) as *const _))
+        let (w, low, high) = unsafe {
+            (
+                _mm512_loadu_si512(bits.add(64 * v) as *const _),
+                _mm512_loadu_si512(lut.add(64 * v) as *const _),
+                _mm512_broadcast_i32x4(_mm_loadu_si128(lut.add(WORD_TABLES_HIGH + 16 * v) as *const _)),
+            )
         };
-        let lookup = |i| _mm512_permutexvar_epi16(i, table);
-        // The high nibbles index the second table: (x & 0x0f) | 0x10 in one instruction.
-        let second = _mm512_ternarylogic_epi32::<0xEA>(_mm512_srli_epi16::<4>(w), low, plus16);
-        even = _mm512_add_epi16(even, _mm512_add_epi16(lookup(_mm512_and_si512(w, low)), lookup(second)));
-        let first = _mm512_and_si512(_mm512_srli_epi16::<8>(w), low);
-        let second = _mm512_or_si512(_mm512_srli_epi16::<12>(w), plus16);
-        odd = _mm512_add_epi16(odd, _mm512_add_epi16(lookup(first), lookup(second)));
+        let (lo, hi) = (|i| _mm512_permutexvar_epi16(i, low), |i| _mm512_permutexvar_epi16(i, high));
+        even = _mm512_add_epi16(even, _mm512_add_epi16(lo(w), hi(_mm512_srli_epi16::<5>(w))));
+        odd = _mm512_add_epi16(odd, _mm512_add_epi16(lo(_mm512_srli_epi16::<8>(w)), hi(_mm512_srli_epi16::<13>(w))));
     }
     (even, odd)
 }
