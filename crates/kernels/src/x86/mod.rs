@@ -309,7 +309,8 @@ pub(crate) fn prepare_planar(pool: &Pool, acts: &mut Acts, lut: Lut, extra: usiz
     let lut = if format == ActFormat::Q8K || rows <= OWN_TABLE_ROWS { Lut::None } else { lut };
     let p = Planar::new(cols);
     let (src, aux) = acts.reset_aux(p.row_bytes, extra);
-    // The lookup tables take eight bytes per value, the rest of the layout about one.
+    // The lookup tables take eight bytes per value (ten as words, counted as eight here), the
+    // rest of the layout about one.
     let serial = rows * cols * if lut == Lut::None { 1 } else { 8 } < crate::dispatch::SERIAL_VALUES;
     if serial {
         let used = if lut == Lut::None { p.lut } else { p.row_bytes };
@@ -363,19 +364,6 @@ fn fill_lut(lut: Lut, qs: &[u8], out: &mut [u8], cols: usize) {
     }
 }
 
-/// The 16 sums of group `g` of a row's quants.
-#[cfg_attr(not(test), allow(dead_code))]
-fn lut_entries(qs: &[u8], g: usize) -> [i16; 16] {
-    let a: [i16; 4] = std::array::from_fn(|i| qs[4 * g + i] as i8 as i16);
-    let mut t = [0i16; 16];
-    t[0] = -(a[0] + a[1] + a[2] + a[3]);
-    for v in 1..16usize {
-        let i = v.trailing_zeros() as usize;
-        t[v] = t[v & (v - 1)] + 2 * a[i];
-    }
-    t
-}
-
 /// The sums Σ_i ±a_i of the `n` quants of `qs` from `at` (bit i of the index set: +a_i).
 #[cfg_attr(not(test), allow(dead_code))]
 fn signed_sums(qs: &[u8], at: usize, n: usize) -> Vec<i16> {
@@ -391,7 +379,7 @@ fn fill_lut_ref(lut: Lut, qs: &[u8], tables: &mut [u8]) {
         Lut::None => {}
         Lut::Bytes => {
             for (g, out) in tables.chunks_exact_mut(32).enumerate() {
-                for (v, &x) in lut_entries(qs, g).iter().enumerate() {
+                for (v, x) in signed_sums(qs, 4 * g, 4).into_iter().enumerate() {
                     (out[v], out[16 + v]) = (x as u8, (x >> 8) as u8);
                 }
             }
@@ -600,13 +588,13 @@ mod tests {
             // SAFETY: every x86 machine that runs these tests has AVX2.
             unsafe { fill_lut_avx2(&qs, &mut avx2) };
             assert_eq!(avx2, bytes, "avx2, {cols} values");
-            let mut words = vec![0u8; Lut::Words.len(cols)];
-            fill_lut_ref(Lut::Words, &qs, &mut words);
             if cols % 128 == 0
                 && is_x86_feature_detected!("avx512bw")
                 && is_x86_feature_detected!("avx512vl")
                 && is_x86_feature_detected!("avx512vnni")
             {
+                let mut words = vec![0u8; Lut::Words.len(cols)];
+                fill_lut_ref(Lut::Words, &qs, &mut words);
                 let mut avx512 = vec![0u8; words.len()];
                 // SAFETY: just checked.
                 unsafe { fill_lut_words(&qs, &mut avx512, cols) };
