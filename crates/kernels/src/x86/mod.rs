@@ -61,8 +61,9 @@ pub(crate) const PREFETCH_AHEAD: usize = 6 * crate::pack::Q1_GROUP_BLOCK;
 /// ahead into L2: 85; sixteen: 98; into L1 across groups: 75; none: about 80 % of this). The
 /// 16-row kernels of unpacked types (`rows16`: TQ2_0, Q2_0, TQ1_0) fetch the next 16 rows
 /// instead ([`prefetch_l2`]; TQ2_0 GEMV, two threads, 68 → 150 G weights/s). The 16-row
-/// kernels of Q4_0..Q8_0 (`legacy16`) were fastest with no prefetch at all (SmolLM2 4 %, Gemma
-/// 3 270M up to 20 % ahead of this) and take none; the K-quant row dots measured the same
+/// kernels of Q4_0..Q8_0 (`legacy16`) were fastest on Zen 4 with no prefetch at all (SmolLM2
+/// 4 %, Gemma 3 270M up to 20 % ahead of this), and on Sapphire Rapids with 8 KiB ahead (SmolLM2
+/// +40 %): each tier says which (`legacy16::Ahead`). The K-quant row dots measured the same
 /// either way and take none.
 #[inline(always)]
 pub(crate) fn prefetch_ahead(at: *const u8, len: usize) {

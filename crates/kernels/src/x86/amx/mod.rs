@@ -41,6 +41,7 @@ use std::ops::Range;
 use onebit_gguf::GgmlType;
 
 use super::avx512;
+use super::avx512::legacy16::Ahead;
 use super::{Lut, prepare_planar};
 use crate::act::{ActFormat, Acts, AlignedBuf};
 use crate::disjoint::DisjointRows;
@@ -291,11 +292,18 @@ fn gemm(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
             unsafe { gemm_tiles(w, rows, &a, m, out) }
         }
         (Some(g), Path::Narrow) if w.packed.is_some() => narrow::gemm(w, rows, acts, g, out),
+        _ if w.packed.is_some() && is_legacy(w.ty) => avx512::legacy16::rows(w, rows, acts, out, Ahead::Kib8),
         _ => match avx512::row_kernel(w.ty) {
             Some(k) => k.run(w, rows, acts, out),
             None => unreachable!("every AMX type has an AVX-512 kernel"),
         },
     }
+}
+
+/// The types whose packed layout the AVX-512 16-row kernel reads.
+fn is_legacy(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0)
 }
 
 /// The 64-byte tile configuration that `ldtilecfg` reads (palette 1).

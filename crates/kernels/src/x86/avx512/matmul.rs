@@ -44,7 +44,7 @@ pub(super) type ByteDot = unsafe fn(&[u8], &[u8], usize) -> f32;
 /// as they are.
 fn legacy_rows(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr, plain: TiledFn) {
     match w.packed {
-        Some(_) => super::legacy16::rows(w, rows, acts, out),
+        Some(_) => super::legacy16::rows(w, rows, acts, out, super::legacy16::Ahead::None),
         None => plain(w, rows, acts, out),
     }
 }

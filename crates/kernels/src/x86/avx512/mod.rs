@@ -4,7 +4,7 @@
 mod attn;
 mod attn_q8;
 mod kquants;
-mod legacy16;
+pub(super) mod legacy16;
 mod matmul;
 mod ops;
 mod q1_gemm;
