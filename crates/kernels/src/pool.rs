@@ -224,6 +224,41 @@ impl Pool {
 }
 
 impl Pool {
+    /// Hand out the rows of several row spaces one after another (space i has `spaces[i].0`
+    /// rows, cut in multiples of `spaces[i].1`) in shrinking pieces: each claim takes 1/(2·threads)
+    /// of all the rows still unclaimed (at least one multiple, and never past its space's end),
+    /// so the first pieces are large and the last ones small, and the threads finish together
+    /// without handing out many small pieces. `f(tid, space, rows)`.
+    pub fn for_shrinking(&self, spaces: &[(usize, usize)], f: &(dyn Fn(usize, usize, std::ops::Range<usize>) + Sync)) {
+        let total: usize = spaces.iter().map(|s| s.0).sum();
+        let next = AtomicUsize::new(0);
+        let parts = 2 * self.n_threads;
+        self.run(&|tid| {
+            let mut at = next.load(Ordering::Relaxed);
+            loop {
+                if at >= total {
+                    break;
+                }
+                // The space holding `at`, and where it starts.
+                let (mut i, mut start) = (0, 0);
+                while at >= start + spaces[i].0 {
+                    start += spaces[i].0;
+                    i += 1;
+                }
+                let (rows, unit) = (spaces[i].0, spaces[i].1.max(1));
+                let want = ((total - at) / parts).next_multiple_of(unit).max(unit);
+                let end = (at + want).min(start + rows);
+                match next.compare_exchange_weak(at, end, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => {
+                        f(tid, i, at - start..end - start);
+                        at = next.load(Ordering::Relaxed);
+                    }
+                    Err(now) => at = now,
+                }
+            }
+        });
+    }
+
     /// Run `f(tid, item)` once for every item of `items`, each item handed to exactly one
     /// thread. This is the one way work writes through disjoint parts of one buffer from
     /// several threads: the exclusive borrow of `items` is split, never shared.
@@ -427,6 +462,29 @@ mod tests {
             }
         });
         assert!(seen.iter().all(|c| c.load(Ordering::Relaxed) == 1));
+    }
+
+    #[test]
+    fn shrinking_pieces_cover_each_space_once_in_whole_units() {
+        for threads in [1, 2, 3] {
+            let pool = Pool::new(threads);
+            // A space shorter than its unit, one that ends inside a unit, and an empty one.
+            let spaces = [(1000, 16), (7, 16), (0, 64), (4096, 64), (530, 32)];
+            let seen: Vec<Vec<AtomicUsize>> =
+                spaces.iter().map(|s| (0..s.0).map(|_| AtomicUsize::new(0)).collect()).collect();
+            let pieces = AtomicUsize::new(0);
+            pool.for_shrinking(&spaces, &|_, i, r| {
+                assert!(r.start.is_multiple_of(spaces[i].1) && !r.is_empty() && r.end <= spaces[i].0);
+                assert!(r.end == spaces[i].0 || r.len().is_multiple_of(spaces[i].1), "{r:?} of space {i}");
+                pieces.fetch_add(1, Ordering::Relaxed);
+                for j in r {
+                    seen[i][j].fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            assert!(seen.iter().flatten().all(|c| c.load(Ordering::Relaxed) == 1));
+            // Shrinking: far fewer pieces than units.
+            assert!(pieces.load(Ordering::Relaxed) < 100, "{} pieces", pieces.load(Ordering::Relaxed));
+        }
     }
 
     #[test]

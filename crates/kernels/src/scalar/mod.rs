@@ -14,6 +14,7 @@ pub(crate) static TABLE: Table = Table {
     prepare: |_, _, _| {},
     pack: |_| None,
     batch_rows: crate::dispatch::default_batch_rows,
+    shrinking: (2, 32),
     rms_norm: ops::rms_norm,
     softmax: ops::softmax,
     silu_mul: ops::silu_mul,

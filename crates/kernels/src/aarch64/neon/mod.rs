@@ -19,6 +19,7 @@ pub(crate) const TABLE: Table = Table {
     prepare: |_, _, _| {},
     pack: |_| None,
     batch_rows: crate::dispatch::default_batch_rows,
+    shrinking: (2, 32),
     rms_norm: scalar::ops::rms_norm,
     softmax: scalar::ops::softmax,
     silu_mul: scalar::ops::silu_mul,

@@ -53,7 +53,8 @@ use expand::TileRows;
 
 /// Its batch format is the AVX-512 tier's ([`super::q1_batch_format`]).
 // The tiles read Q5_0/Q5_1 from the rows as they are, so this tier does not repack them.
-pub(crate) const TABLE: Table = Table { row_kernel, prepare, pack: crate::pack::Packer::for_type_amx, ..avx512::TABLE };
+pub(crate) const TABLE: Table =
+    Table { row_kernel, prepare, pack: crate::pack::Packer::for_type_amx, shrinking: (1, 32), ..avx512::TABLE };
 
 /// Which kernel a product with weights of one type takes, by the number of tokens. Every path
 /// follows the same float recipe, so the choice is free to depend on the count.
