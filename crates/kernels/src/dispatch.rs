@@ -416,7 +416,8 @@ impl Kernels {
         let chunk = rows_of(gate).max(rows_of(up));
         // Runs of rows are whole activation blocks (and whole groups of packed weights).
         let block = format.block();
-        let chunk = chunk / gcd(chunk, block) * block;
+        let whole_blocks = |rows: usize| rows / gcd(rows, block) * block;
+        let chunk = whole_blocks(chunk);
         let (rb, quantize, act) = (out.row_bytes(), self.table.quantize_row, self.glu_fn(glu));
         let dst = DisjointRows::new(out.bytes_mut(), rb);
         let body = |range: std::ops::Range<usize>| {
@@ -436,10 +437,9 @@ impl Kernels {
                 }
             });
         };
-        let unit = shrinking_unit(self.table, gate, acts).zip(shrinking_unit(self.table, up, acts)).map(|(a, b)| {
-            let u = a.max(b);
-            u / gcd(u, block) * block
-        });
+        let unit = shrinking_unit(self.table, gate, acts)
+            .zip(shrinking_unit(self.table, up, acts))
+            .map(|(a, b)| whole_blocks(a.max(b)));
         match unit {
             Some(unit) => pool.for_shrinking(&[(rows, unit)], &|_, _, range| body(range)),
             None => pool.for_chunks(rows, chunk, &|_, range| body(range)),

@@ -48,6 +48,7 @@ use crate::disjoint::DisjointRows;
 use crate::dispatch::Table;
 use crate::formats::{BlockQ8_0, BlockQ8_1, BlockQ8K, blocks, f16_to_f32};
 use crate::matmul::{MatRef, OutPtr, RowKernel};
+use crate::pack::LEGACY_GROUP;
 use crate::pool::Pool;
 use expand::TileRows;
 
@@ -293,18 +294,15 @@ fn gemm(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
             unsafe { gemm_tiles(w, rows, &a, m, out) }
         }
         (Some(g), Path::Narrow) if w.packed.is_some() => narrow::gemm(w, rows, acts, g, out),
-        _ if w.packed.is_some() && is_legacy(w.ty) => avx512::legacy16::rows(w, rows, acts, out, Ahead::Kib8),
+        // Packed in 16-row groups: the layout of the AVX-512 16-row kernel (Q4_0..Q8_0).
+        _ if w.packed.is_some_and(|p| p.group_rows == LEGACY_GROUP) => {
+            avx512::legacy16::rows(w, rows, acts, out, Ahead::Kib8)
+        }
         _ => match avx512::row_kernel(w.ty) {
             Some(k) => k.run(w, rows, acts, out),
             None => unreachable!("every AMX type has an AVX-512 kernel"),
         },
     }
-}
-
-/// The types whose packed layout the AVX-512 16-row kernel reads.
-fn is_legacy(ty: GgmlType) -> bool {
-    use GgmlType::*;
-    matches!(ty, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0)
 }
 
 /// The 64-byte tile configuration that `ldtilecfg` reads (palette 1).
