@@ -124,8 +124,9 @@ unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, lut: &[u8], nb: u
         // 32 bytes per 4 activations.
         unsafe {
             let blk = data.as_ptr().add(b * Q1_GROUP_BLOCK);
-            // The weights stream from memory once.
-            crate::x86::prefetch_ahead(blk, Q1_GROUP_BLOCK);
+            // The weights stream from memory once: the scales' lines here, each line of bits
+            // beside its lookups (a burst of the block's 18 lines at once left a core waiting).
+            crate::x86::prefetch_ahead(blk, 2 * GROUP);
             let mut t = [[_mm256_setzero_ps(); 4]; 2];
             let mut s = [[_mm256_setzero_si256(); 2]; 2];
             for k in 0..4 {
@@ -133,6 +134,7 @@ unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, lut: &[u8], nb: u
                     s = [[_mm256_setzero_si256(); 2]; 2];
                 }
                 for j in 0..4 {
+                    crate::x86::prefetch_ahead(blk.add(2 * GROUP + (4 * k + j) * 64), 64);
                     let base = lut.as_ptr().add(32 * (32 * b + 8 * k + 2 * j));
                     for (h, s) in s.iter_mut().enumerate() {
                         let wv = _mm256_loadu_si256(blk.add(2 * GROUP + (4 * k + j) * 64 + 32 * h) as *const __m256i);

@@ -144,8 +144,10 @@ unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, lut: &[u8], nb: u
     for b in 0..nb {
         // SAFETY: block `b < nb` of the group (the contract).
         let blk = unsafe { data.as_ptr().add(b * Q1_GROUP_BLOCK) };
-        // The weights stream from memory once.
-        crate::x86::prefetch_ahead(blk, Q1_GROUP_BLOCK);
+        // The weights stream from memory once: the scales' lines here, each vector of bits
+        // beside its lookups (`lut_sums`; a burst of the block's 18 lines at once left a core
+        // waiting).
+        crate::x86::prefetch_ahead(blk, 2 * GROUP);
         // SAFETY: the block's 16 vectors of sign bits and the row's tables of its 128 values
         // (the contract).
         let sums =
@@ -191,6 +193,7 @@ unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, lut: &[u8], nb: u
 unsafe fn lut_sums(bits: *const u8, lut: *const u8, vs: Range<usize>) -> (__m512i, __m512i) {
     let (mut even, mut odd) = (_mm512_setzero_si512(), _mm512_setzero_si512());
     for v in vs {
+        crate::x86::prefetch_ahead(bits.wrapping_add(64 * v), 64);
         // SAFETY: vector `v < 16` of each (the contract).
         let (w, low, high) = unsafe {
             (
