@@ -296,15 +296,20 @@ unsafe fn cols<B: Elem, const R: usize, const C: usize>(
 ) {
     let row_bytes = B::row_len(k) * std::mem::size_of::<B::E>();
     let mut j = 0;
+    let run_bytes = n * row_bytes;
     while j < n {
-        prefetch(&b[..n * B::row_len(k)], j * row_bytes + AHEAD, (j + C) * row_bytes + AHEAD);
+        // The lines ahead, asked for a few at a time beside the chunks' arithmetic (all at once,
+        // they left the core waiting); none past the run's end.
+        let from = j * row_bytes + AHEAD;
+        let ahead = (b.as_ptr() as *const u8).wrapping_add(from);
+        let ahead_len = run_bytes.saturating_sub(from).min(C * row_bytes);
         let c = (n - j).min(C);
         // SAFETY: the caller's contract (R rows of `k` at `a`, `n` rows of `k` in `b`, R rows
         // of `n` at `out`, `ldo` apart), so every row pointer is row j + q.min(c - 1) < n of `b`
         // (the last block repeats row n - 1 past the end) and `block` gets its contract.
         unsafe {
             let rows: [*const B::E; C] = std::array::from_fn(|q| b.as_ptr().add((j + q.min(c - 1)) * B::row_len(k)));
-            block::<B, R, C>(a, &rows, k, out.add(j), ldo, c);
+            block::<B, R, C>(a, &rows, k, out.add(j), ldo, c, (ahead, ahead_len));
         }
         j += C;
     }
@@ -319,13 +324,19 @@ unsafe fn block<B: Elem, const R: usize, const C: usize>(
     out: *mut f32,
     ldo: usize,
     c: usize,
+    (ahead, ahead_len): (*const u8, usize),
 ) {
     // SAFETY: the caller's contract: R rows of `k` at `a`, C rows of `k` at `rows`, R rows of
     // `c` at `out` (`ldo` apart), and AVX-512 F/BW/VL present.
     unsafe {
         let mut acc = [[_mm512_setzero_ps(); C]; R];
         let full = k / 16 * 16;
-        for d in (0..full).step_by(16) {
+        let per_chunk = ahead_len.div_ceil(64).div_ceil((full / 16).max(1)) * 64;
+        for (i, d) in (0..full).step_by(16).enumerate() {
+            let at = i * per_chunk;
+            if at < ahead_len {
+                crate::x86::prefetch_l2(ahead.wrapping_add(at), per_chunk.min(ahead_len - at));
+            }
             chunk::<B, R, C>(&mut acc, a, rows, k, d, 0xffff);
         }
         if full < k {

@@ -64,8 +64,11 @@ fn scores_impl(q: &[u8], keys: &[&[u8]], k: usize, out: &mut [f32], ldo: usize) 
                 prefetch(next, 0, AHEAD);
             }
             let pn = run.len() / row;
+            let run_bytes = pn * row;
             for c in (0..pn).step_by(16) {
-                prefetch(run, c * row + AHEAD, (c + 16) * row + AHEAD);
+                // The lines ahead, a block's share at a time (`sixteen`); none past the run.
+                let from = c * row + AHEAD;
+                let ahead = (run.as_ptr().wrapping_add(from), run_bytes.saturating_sub(from).min(16 * row));
                 let live = (pn - c).min(16);
                 // SAFETY: rows i..i + r of `q` and of `out` up to column n lie inside them
                 // (just checked); keys c .. c + live are whole rows of the run (`Kernels`
@@ -74,10 +77,10 @@ fn scores_impl(q: &[u8], keys: &[&[u8]], k: usize, out: &mut [f32], ldo: usize) 
                     let (pq, po) = (q.as_ptr().add(i * row), out.as_mut_ptr().add(i * ldo + j + c));
                     let keys = run.as_ptr().add(c * row);
                     match r {
-                        4 => sixteen::<4>(pq, &qs, keys, live, nb, po, ldo),
-                        3 => sixteen::<3>(pq, &qs, keys, live, nb, po, ldo),
-                        2 => sixteen::<2>(pq, &qs, keys, live, nb, po, ldo),
-                        _ => sixteen::<1>(pq, &qs, keys, live, nb, po, ldo),
+                        4 => sixteen::<4>(pq, &qs, keys, live, nb, po, ldo, ahead),
+                        3 => sixteen::<3>(pq, &qs, keys, live, nb, po, ldo, ahead),
+                        2 => sixteen::<2>(pq, &qs, keys, live, nb, po, ldo, ahead),
+                        _ => sixteen::<1>(pq, &qs, keys, live, nb, po, ldo, ahead),
                     }
                 }
             }
@@ -145,8 +148,10 @@ unsafe fn on_its_side(rows: &[*const u8; 16], b: usize) -> [__m512i; 8] {
 ///
 /// # Safety
 /// R whole query rows of `nb` blocks at `q`; `live ≥ 1` whole key rows at `keys`; R rows of
-/// `live` outputs at `out`; AVX-512 F/BW/VL/VNNI and F16C.
+/// `live` outputs at `out`; AVX-512 F/BW/VL/VNNI and F16C. `ahead` (any address) is asked
+/// for in L2, a block's share of its lines at a time.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn sixteen<const R: usize>(
     q: *const u8,
     qs: &Queries,
@@ -155,8 +160,10 @@ unsafe fn sixteen<const R: usize>(
     nb: usize,
     out: *mut f32,
     ldo: usize,
+    (ahead, ahead_len): (*const u8, usize),
 ) {
     let row = nb * 34;
+    let per_block = ahead_len.div_ceil(64).div_ceil(nb) * 64;
     // SAFETY: the caller's contract: key pointers are rows l.min(live - 1) < live; query bytes
     // of block b < nb of the R rows; outputs (r, l) for l < live.
     unsafe {
@@ -168,6 +175,10 @@ unsafe fn sixteen<const R: usize>(
         let offsets = _mm512_loadu_si512(offsets.as_ptr() as *const _);
         let mut acc = [_mm512_setzero_ps(); R];
         for b in 0..nb {
+            let at = b * per_block;
+            if at < ahead_len {
+                crate::x86::prefetch_l2(ahead.wrapping_add(at), per_block.min(ahead_len - at));
+            }
             let kb = on_its_side(&rows, b);
             // The sixteen keys' scales of block b: the first word of the dword at each.
             let words = _mm512_i32gather_epi32::<1>(offsets, keys.add(34 * b) as *const i32);
