@@ -114,6 +114,8 @@ pub(crate) struct RunChunks<'a, E> {
     run: usize,
     at: usize,
     j: usize,
+    /// Whether each chunk asks for the bytes past itself (else its reader does, spread out).
+    ahead: bool,
 }
 
 /// Rows `rows` of `run`; the first is row `j` over all runs.
@@ -126,7 +128,13 @@ pub(crate) struct RunChunk<'a, E> {
 impl<'a, E> RunChunks<'a, E> {
     pub(crate) fn new(runs: &'a [&'a [E]], row_len: usize, step: usize) -> Self {
         assert!(row_len > 0 && step > 0);
-        RunChunks { runs, row_len, step, run: 0, at: 0, j: 0 }
+        RunChunks { runs, row_len, step, run: 0, at: 0, j: 0, ahead: true }
+    }
+
+    /// The same chunks, leaving the bytes past each to its reader (the start of the next run
+    /// is still asked for).
+    pub(crate) fn reader_asks_ahead(self) -> Self {
+        RunChunks { ahead: false, ..self }
     }
 }
 
@@ -145,8 +153,10 @@ impl<'a, E> Iterator for RunChunks<'a, E> {
                     prefetch_run(next, 0, RUN_AHEAD);
                 }
                 let (start, end) = (self.at, rows.min(self.at + self.step));
-                let row_bytes = self.row_len * std::mem::size_of::<E>();
-                prefetch_run(run, start * row_bytes + RUN_AHEAD, end * row_bytes + RUN_AHEAD);
+                if self.ahead {
+                    let row_bytes = self.row_len * std::mem::size_of::<E>();
+                    prefetch_run(run, start * row_bytes + RUN_AHEAD, end * row_bytes + RUN_AHEAD);
+                }
                 let j = self.j;
                 self.at = end;
                 self.j += end - start;

@@ -1,7 +1,7 @@
 //! AVX-512 block products for attention: scores `Q·Kᵀ` and weighted values `P·V` over cached
 //! rows (f32, or IEEE halves or Q8_0 blocks widened in the register, in runs of a paged cache),
 //! and the f16 → f32 widening itself. Over Q8_0 rows `P·V` folds each block's scale into the
-//! weight (its [`Elem::add_row`]); the scores of decoding against such a cache are in `attn_q8`.
+//! weight (its [`Elem::add_rows`]); the scores of decoding against such a cache are in `attn_q8`.
 
 use std::arch::x86_64::*;
 
@@ -96,6 +96,40 @@ pub(super) trait Elem {
     /// of it once).
     const PV_ROWS: usize = 1;
 
+    /// Add `count` (at most [`Elem::PV_ROWS`]) consecutive rows of `n` values from `first` into
+    /// `acc` ([`acc_cols`]' columns `c0 ..`, the last vector's lanes `last`), row t weighted
+    /// by `p[r·lda + t]` for output row r; a row all of whose weights are 0 is skipped. The
+    /// `ahead_len` bytes at `ahead` (any address) are asked for into L2 meanwhile.
+    ///
+    /// # Safety
+    /// As for [`acc_cols`]: the rows lie in one run and hold the columns (whole blocks of
+    /// them); R rows of `count` weights at `p`, `lda` apart.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn add_rows<const V: usize, const R: usize>(
+        first: *const Self::E,
+        count: usize,
+        p: *const f32,
+        lda: usize,
+        n: usize,
+        c0: usize,
+        last: __mmask16,
+        (ahead, ahead_len): (*const u8, usize),
+        acc: &mut [[__m512; V]; R],
+    ) {
+        crate::x86::prefetch_l2(ahead, ahead_len);
+        // SAFETY: the contract: row t < count and its weights lie where they are read.
+        unsafe {
+            for t in 0..count {
+                let w: [f32; R] = std::array::from_fn(|r| *p.add(r * lda + t));
+                let zeros = w.iter().filter(|&&w| w == 0.0).count();
+                if zeros < R {
+                    Self::add_row(first.add(t * Self::row_len(n)), c0, last, &w, zeros, acc);
+                }
+            }
+        }
+    }
+
     /// Add the row at `row`, weighted by `w` (`zeros` of them 0, not all), into `acc`: columns
     /// `c0 ..` of [`acc_cols`], the last vector's lanes `last`. By default each value is widened
     /// with its block's scale ([`Elem::load_scaled`]) and taken by `fma(w, x, acc)`.
@@ -186,45 +220,69 @@ impl Elem for Q8 {
 
     /// The block's scale folded into the weight: each output lane takes `fma(w_j · d_jb, q_jc,
     /// acc)` (`d_jb` the scale of the block of row j that holds column c, `q_jc` its byte),
-    /// where widening the values first took `fma(w_j, q_jc · d_jb, acc)`. Per row that is R·B
-    /// scalar products (B ≤ 4 blocks of the columns) in place of a vector multiplication per 16
-    /// values, and the products reach the fmas as broadcast memory operands, which take no
-    /// shuffle: the multiplications, and the broadcasts of a first try, sat on the pipes the
-    /// fmas and the widening need (from L2, a 1.7B-shape kv head's `P·V` 15.3 → 17.2 GB/s on
-    /// Zen 4).
+    /// where widening the values first took `fma(w_j, q_jc · d_jb, acc)`. The products `w_j ·
+    /// d_jb` of the chunk's rows are made first, sixteen rows a vector (the scales gathered),
+    /// and reach the fmas as broadcast memory operands, which take no shuffle. Made a row at a
+    /// time, from its scales read one by one, they cost as much as the row's fmas (the 1.7B
+    /// shape's q8_0 `P·V` ran at 16 GB/s on two cores, the f16 one at 23).
     #[inline(always)]
-    unsafe fn add_row<const V: usize, const R: usize>(
-        row: *const u8,
+    unsafe fn add_rows<const V: usize, const R: usize>(
+        first: *const u8,
+        count: usize,
+        p: *const f32,
+        lda: usize,
+        n: usize,
         c0: usize,
         last: __mmask16,
-        w: &[f32; R],
-        zeros: usize,
+        (ahead, ahead_len): (*const u8, usize),
         acc: &mut [[__m512; V]; R],
     ) {
-        // SAFETY: the contract: the row's blocks `c0 / 32 ..` hold the columns (at most 128
-        // values: four blocks), each a 2-byte scale and 32 bytes; F16C and AVX-512 F/BW/VL.
+        // A row's share of the lines ahead beside each row (all 34 at once, a profile found
+        // the core waiting on the prefetches).
+        let share = ahead_len.div_ceil(count.max(1)).next_multiple_of(64);
+        // SAFETY: the contract: `count ≤ 16` rows of `n / 32` blocks (34 bytes: a 2-byte
+        // scale, then 32 bytes) at `first`, the columns' blocks `c0 / 32 ..` (at most 128
+        // values: four blocks) inside each; a scale's dword holds the scale and two quants;
+        // the masks keep every gather and load to rows t < count. F16C and AVX-512 F/BW/VL.
         unsafe {
+            let row = Self::row_len(n);
             let (first_block, blocks) = (c0 / 32, V.div_ceil(2));
-            // The blocks' scales as four halves in one word, widened together.
-            let mut halves = 0u64;
+            let live = mask(count);
+            let offsets = _mm512_mullo_epi32(
+                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                _mm512_set1_epi32(row as i32),
+            );
+            // wd[r][b][t] = weight of row t for output r, times the scale of its block b.
+            let mut wd = [[[0f32; 16]; 4]; R];
             for b in 0..blocks {
-                let h = (row.add((first_block + b) * 34) as *const u16).read_unaligned();
-                halves |= (h as u64) << (16 * b);
+                let at = first.add((first_block + b) * 34) as *const i32;
+                let words = _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), live, offsets, at);
+                let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words));
+                for r in 0..R {
+                    let w = _mm512_maskz_loadu_ps(live, p.add(r * lda));
+                    _mm512_storeu_ps(wd[r][b].as_mut_ptr(), _mm512_mul_ps(w, d));
+                }
             }
-            let d = _mm_cvtph_ps(_mm_cvtsi64_si128(halves as i64));
-            let mut wd = [[0f32; 4]; R];
-            for r in 0..R {
-                _mm_storeu_ps(wd[r].as_mut_ptr(), _mm_mul_ps(_mm_set1_ps(w[r]), d));
-            }
-            // Read back through memory: a volatile read keeps the compiler from turning the
-            // broadcasts into shuffles of `d`, so each becomes the fma's `{1to16}` operand.
-            let weight = |r: usize, v: usize| _mm512_set1_ps(std::ptr::read_volatile(&wd[r][v / 2]));
             let lanes = |v: usize| if v + 1 < V { 0xffff } else { last };
-            let load = |v: usize| {
-                let at = row.add((first_block + v / 2) * 34 + 2 + 16 * (v % 2));
-                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(lanes(v), at as *const i8)))
-            };
-            fma_row(acc, w, zeros, weight, load);
+            for t in 0..count {
+                if t * share < ahead_len {
+                    crate::x86::prefetch_l2(ahead.wrapping_add(t * share), share.min(ahead_len - t * share));
+                }
+                let w: [f32; R] = std::array::from_fn(|r| *p.add(r * lda + t));
+                let zeros = w.iter().filter(|&&w| w == 0.0).count();
+                if zeros == R {
+                    continue;
+                }
+                let rt = first.add(t * row);
+                // Read back through memory: a volatile read keeps the compiler from turning
+                // the broadcasts into shuffles, so each becomes the fma's `{1to16}` operand.
+                let weight = |r: usize, v: usize| _mm512_set1_ps(std::ptr::read_volatile(&wd[r][v / 2][t]));
+                let load = |v: usize| {
+                    let at = rt.add((first_block + v / 2) * 34 + 2 + 16 * (v % 2));
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(lanes(v), at as *const i8)))
+                };
+                fma_row(acc, &w, zeros, weight, load);
+            }
         }
     }
 
@@ -520,14 +578,26 @@ unsafe fn acc_cols<B: Elem, const V: usize, const R: usize>(
         if let Some(first) = pages.first() {
             prefetch(first, 0, AHEAD);
         }
-        for RunChunk { run, rows, j } in RunChunks::new(pages, row_len, B::PV_ROWS) {
-            for (t, at) in rows.enumerate() {
-                let w: [f32; R] = std::array::from_fn(|r| *p.add(r * lda + j + t));
-                let zeros = w.iter().filter(|&&w| w == 0.0).count();
-                if zeros < R {
-                    B::add_row(run.as_ptr().add(at * row_len), c0, last, &w, zeros, &mut acc);
-                }
-            }
+        let row_bytes = row_len * std::mem::size_of::<B::E>();
+        for RunChunk { run, rows, j } in RunChunks::new(pages, row_len, B::PV_ROWS).reader_asks_ahead() {
+            // The chunk's rows' worth of bytes ahead (none past the run), for `add_rows` to ask
+            // for a row's share at a time.
+            let from = rows.start * row_bytes + AHEAD;
+            let ahead = (
+                (run.as_ptr() as *const u8).wrapping_add(from),
+                std::mem::size_of_val(run).saturating_sub(from).min(rows.len() * row_bytes),
+            );
+            B::add_rows(
+                run.as_ptr().add(rows.start * row_len),
+                rows.len(),
+                p.add(j),
+                lda,
+                n,
+                c0,
+                last,
+                ahead,
+                &mut acc,
+            );
         }
         for (r, acc) in acc.iter().enumerate() {
             for v in 0..V {
