@@ -9,6 +9,7 @@
 use std::time::Instant;
 
 /// How far ahead the prefetching read asks for its lines: the decode kernels' distance.
+#[cfg(target_arch = "x86_64")]
 const AHEAD: usize = 8192;
 
 #[cfg(target_arch = "x86_64")]
@@ -37,6 +38,8 @@ fn sum_chunk(data: &[u64], prefetch: bool) -> u64 {
         // SAFETY: the feature was just detected.
         return unsafe { sum_chunk_avx512(data, prefetch) };
     }
+    // Only the x86 read has a prefetching form; elsewhere both runs are plain loads.
+    let _ = prefetch;
     // Eight independent accumulators keep the loads in flight; the compiler vectorizes this.
     let mut acc = [0u64; 8];
     for c in data.chunks_exact(8) {
