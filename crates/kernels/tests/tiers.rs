@@ -15,13 +15,27 @@ fn simd_tiers() -> Vec<KernelTier> {
 
 /// Random weights of `ty` (`rows` × `cols`), with per-row magnitudes from 1e-3 to 1e3.
 fn check_matmul(tier: KernelTier, ty: GgmlType, rows: usize, cols: usize, tokens: usize, rng: &mut Rng) {
+    check_matmul_beside(tier, ty, &[], rows, cols, tokens, rng)
+}
+
+/// As [`check_matmul`], with activations quantized for `ty` and the types `beside` together
+/// (as a forward pass quantizes them once for products that share them).
+fn check_matmul_beside(
+    tier: KernelTier,
+    ty: GgmlType,
+    beside: &[GgmlType],
+    rows: usize,
+    cols: usize,
+    tokens: usize,
+    rng: &mut Rng,
+) {
     let (simd, scalar) = (Kernels::new(tier).unwrap(), Kernels::new(KernelTier::Scalar).unwrap());
     let pool = Pool::new(2);
     let data = weights(rng, ty, rows, cols);
     let w = MatRef::new(ty, rows, cols, &data).unwrap();
     let x: Vec<f32> = (0..tokens * cols).map(|i| rng.f32() * [0.01f32, 1.0, 40.0][i / cols % 3]).collect();
     let (mut a_simd, mut a_ref) = (Acts::new(), Acts::new());
-    simd.quantize_acts(&pool, ty, &x, cols, &mut a_simd).unwrap();
+    simd.quantize_acts_for(&pool, &[&[ty], beside].concat(), &x, cols, &mut a_simd).unwrap();
     // The reference rounds the activations as the tier chose to (batches may take a coarser
     // format; see `BatchRounding`).
     scalar.quantize_acts_in(&pool, a_simd.format(), ty, &x, cols, &mut a_ref).unwrap();
@@ -79,6 +93,18 @@ fn matmuls_match_the_scalar_reference() {
             {
                 check_matmul(tier, ty, rows, cols, tokens, &mut rng);
             }
+        }
+    }
+}
+
+/// Q1_0 weights beside a type with 32-value activation blocks take those blocks, four to a
+/// weight block (the AMX narrow tiles' one-step path), at several token counts and odd rows.
+#[test]
+fn q1_0_products_with_32_value_activation_blocks_match_the_reference() {
+    let mut rng = Rng(0x0b17);
+    for tier in simd_tiers() {
+        for (rows, tokens) in [(33, 5), (130, 3), (19, 17), (64, 8)] {
+            check_matmul_beside(tier, GgmlType::Q1_0, &[GgmlType::Q8_0], rows, 512, tokens, &mut rng);
         }
     }
 }

@@ -9,10 +9,13 @@
 //! per token tile. The scaling is the module's recipe, so a token's results are the same
 //! bits as on the other paths.
 //!
-//! Per block of 64 rows × 128 values (measured, one thread, L2-resident): the weight expansion
-//! about 50–90 ns, the tile loads, products and stores about 75 ns, the scaling from 10 ns (2
-//! tokens) to 50 ns (8); the two units do not overlap, so these add up. A whole model's
-//! weights come from memory, which the expansion prefetches two blocks ahead.
+//! Per block of 64 rows × 128 values (measured on Sapphire Rapids, one thread, L1-resident,
+//! 8 tokens): the weight expansion about 52 ns, the tile loads, products and stores about 40
+//! ns, the scaling 10 ns (2 tokens) to 50 ns (8). The tile unit and the vector unit do not
+//! overlap, even interleaved instruction by instruction (an expansion of the next block beside
+//! each product: the sum of the two times), so these add up; within the tile work a product
+//! with M = 8 tokens costs about 60 % of one with 16, and the B loads about as much again. A
+//! whole model's weights come from memory, which the expansion prefetches ahead.
 
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -23,7 +26,7 @@ use onebit_gguf::GgmlType;
 
 use super::Geometry;
 use super::TileConfig;
-use super::expand::{BTiles, Q1_COLUMNS, b_tile_bytes, expand_b};
+use super::expand::{BTiles, b_tile_bytes, expand_b};
 use crate::act::{ActFormat, Acts, AlignedBuf};
 use crate::matmul::{MatRef, OutPtr};
 use crate::x86::Planar;
@@ -31,14 +34,17 @@ use crate::x86::Planar;
 /// Weight tiles per pass (16 rows each).
 const TILES: usize = 4;
 
-/// tmm0-3: C, M × 16 i32. tmm4: A, M tokens × `colsb` bytes. tmm5-7: B, `colsb / 4` rows × 64
-/// bytes (16 weight rows × 4 values), taken in turn by the weight tiles.
+/// tmm0-1: C, M × 16 i32 (a pair of weight tiles at a time). tmm2-3: A, M tokens × `colsb`
+/// bytes, the two steps of an activation block. tmm4-7: B, `colsb / 4` rows × 64 bytes (16
+/// weight rows × 4 values), taken in turn, so that each load has three products' time before
+/// its register is needed again. (With four C tiles, one A and three B registers, a block of
+/// 64 rows × 128 values took 49 ns of tile work, L1-resident, one thread; this way 40.)
 fn config(g: Geometry, m: usize) -> TileConfig {
     let mut c = TileConfig { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
     for i in 0..8 {
         (c.colsb[i], c.rows[i]) = match i {
-            0..4 => (64, m as u8),
-            4 => (g.colsb as u16, m as u8),
+            0..2 => (64, m as u8),
+            2..4 => (g.colsb as u16, m as u8),
             _ => (64, (g.colsb / 4) as u8),
         };
     }
@@ -71,7 +77,7 @@ pub(super) fn gemm(w: &MatRef, rows: Range<usize>, acts: &Acts, g: Geometry, out
     assert!(acts.rows() > 0 && acts.aux_row_bytes() == Planar::new(acts.cols()).row_bytes);
     assert!(w.ty == GgmlType::Q1_0 && w.packed.is_some(), "narrow tiles take packed Q1_0");
     // SAFETY: the AMX table is handed out only when AMX-INT8 is present and permitted (and
-    // AVX-512 with VBMI and BITALG, which every AMX CPU has).
+    // AVX-512 BW/VL and F16C, which every AMX CPU has).
     unsafe { gemm_tiles(w, rows, acts, g, out) }
 }
 
@@ -81,7 +87,7 @@ pub(super) fn gemm(w: &MatRef, rows: Range<usize>, acts: &Acts, g: Geometry, out
 ///
 /// More than 16 tokens take several token tiles of equal height M, the last one moved back to
 /// end at the last token (a token in two tiles gets the same bits from both).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512bitalg,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 unsafe fn gemm_tiles(w: &MatRef, rows: Range<usize>, acts: &Acts, g: Geometry, out: OutPtr) {
     let all = acts.rows();
     let nt = all.div_ceil(16);
@@ -102,6 +108,7 @@ unsafe fn gemm_tiles(w: &MatRef, rows: Range<usize>, acts: &Acts, g: Geometry, o
     };
     let packed = w.packed.expect("checked above");
     let job = Job { g, group, steps: g.kb / g.colsb, tb, m };
+    assert!(job.steps <= 2, "narrow tiles take activation blocks of one or two steps");
     // C tiles: per run position, per token tile, per activation block, four 1 KiB tiles.
     let c_block = group * TILES * 1024;
     SCRATCH.with_borrow_mut(|s| {
@@ -149,13 +156,6 @@ unsafe fn gemm_tiles(w: &MatRef, rows: Range<usize>, acts: &Acts, g: Geometry, o
                     }
                 }
             }
-            // Columns back to rows: lane r takes the column of row r.
-            let mut rows_of = [0u32; 16];
-            for (n, &r) in Q1_COLUMNS.iter().enumerate() {
-                rows_of[r as usize] = n as u32;
-            }
-            // SAFETY: 16 u32 are one vector.
-            let unpermute = unsafe { _mm512_loadu_si512(rows_of.as_ptr() as *const __m512i) };
             for tt in 0..nt {
                 for i in 0..tiles {
                     let row = row0 + 16 * i;
@@ -165,7 +165,6 @@ unsafe fn gemm_tiles(w: &MatRef, rows: Range<usize>, acts: &Acts, g: Geometry, o
                         // them.
                         unsafe {
                             let v = *acc.add((tt * TILES + i) * 16 + t);
-                            let v = _mm512_permutexvar_ps(unpermute, v);
                             _mm512_mask_storeu_ps(out.ptr_at(first(tt) + t, row), mask, v);
                         }
                     }
@@ -205,25 +204,44 @@ impl Job {
         // SAFETY: the caller's contract: the operands lie where the offsets say.
         unsafe {
             for k in 0..self.group {
-                asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
-                for st in 0..self.steps {
-                    let at = (wb * self.group + k) * g.kb + st * g.colsb;
-                    asm!("tileloadd tmm4, [{a} + {s} * 1]", a = in(reg) a.base.add(at), s = in(reg) a.stride,
+                let at = (wb * self.group + k) * g.kb;
+                asm!("tileloadd tmm2, [{a} + {s} * 1]", a = in(reg) a.base.add(at), s = in(reg) a.stride,
+                     options(nostack, readonly));
+                if self.steps == 2 {
+                    asm!("tileloadd tmm3, [{a} + {s} * 1]", a = in(reg) a.base.add(at + g.colsb), s = in(reg) a.stride,
                          options(nostack, readonly));
-                    let bk = b.add((k * self.steps + st) * 16 * g.colsb);
-                    for i in 0..tiles {
-                        product(i, bk.add(i * self.tb));
+                }
+                // B operand of tile i, step st.
+                let bk = |i: usize, st: usize| b.add(i * self.tb + (k * self.steps + st) * 16 * g.colsb);
+                let ck = c.add(4096 * k);
+                for i in (0..tiles).step_by(2) {
+                    asm!("tilezero tmm0", "tilezero tmm1", options(nostack, nomem));
+                    let both = i + 1 < tiles;
+                    if self.steps == 2 {
+                        product::<0, 0, 4>(bk(i, 0));
+                        product::<0, 1, 5>(bk(i, 1));
+                        if both {
+                            product::<1, 0, 6>(bk(i + 1, 0));
+                            product::<1, 1, 7>(bk(i + 1, 1));
+                        }
+                    } else if i % 4 == 0 {
+                        product::<0, 0, 4>(bk(i, 0));
+                        if both {
+                            product::<1, 0, 5>(bk(i + 1, 0));
+                        }
+                    } else {
+                        product::<0, 0, 6>(bk(i, 0));
+                        if both {
+                            product::<1, 0, 7>(bk(i + 1, 0));
+                        }
+                    }
+                    asm!("tilestored [{c} + {s} * 1], tmm0", c = in(reg) ck.add(1024 * i), s = in(reg) 64usize,
+                         options(nostack));
+                    if both {
+                        asm!("tilestored [{c} + {s} * 1], tmm1", c = in(reg) ck.add(1024 * (i + 1)),
+                             s = in(reg) 64usize, options(nostack));
                     }
                 }
-                let ck = c.add(4096 * k);
-                asm!(
-                    "tilestored [{c} + {s} * 1], tmm0",
-                    "tilestored [{c} + {s} * 1 + 1024], tmm1",
-                    "tilestored [{c} + {s} * 1 + 2048], tmm2",
-                    "tilestored [{c} + {s} * 1 + 3072], tmm3",
-                    c = in(reg) ck, s = in(reg) 64usize,
-                    options(nostack),
-                );
             }
         }
     }
@@ -291,23 +309,27 @@ impl Job {
     }
 }
 
-/// C_i += A · B_i, B_i loaded from `b` into one of tmm5-7 (in turn, so that a load need not
-/// wait for the product before it).
+/// C += A · B: tmm`C` (0-1) += tmm`2 + A` (the step's activations) · tmm`B` (4-7), loaded from
+/// `b`.
 #[inline(always)]
-unsafe fn product(i: usize, b: *const u8) {
+unsafe fn product<const C: usize, const A: usize, const B: usize>(b: *const u8) {
     // SAFETY: the caller's contract: `b` holds a B operand of the configured shape.
     unsafe {
         macro_rules! tile {
-            ($c:literal, $b:literal) => {
-                asm!(concat!("tileloadd ", $b, ", [{b} + {s} * 1]"), concat!("tdpbssd ", $c, ", tmm4, ", $b),
+            ($c:literal, $a:literal, $b:literal) => {
+                asm!(concat!("tileloadd ", $b, ", [{b} + {s} * 1]"), concat!("tdpbssd ", $c, ", ", $a, ", ", $b),
                      b = in(reg) b, s = in(reg) 64usize, options(nostack, readonly))
             };
         }
-        match i {
-            0 => tile!("tmm0", "tmm5"),
-            1 => tile!("tmm1", "tmm6"),
-            2 => tile!("tmm2", "tmm7"),
-            _ => tile!("tmm3", "tmm5"),
+        match (C, A, B) {
+            (0, 0, 4) => tile!("tmm0", "tmm2", "tmm4"),
+            (0, 1, 5) => tile!("tmm0", "tmm3", "tmm5"),
+            (1, 0, 6) => tile!("tmm1", "tmm2", "tmm6"),
+            (1, 1, 7) => tile!("tmm1", "tmm3", "tmm7"),
+            (1, 0, 5) => tile!("tmm1", "tmm2", "tmm5"),
+            (0, 0, 6) => tile!("tmm0", "tmm2", "tmm6"),
+            (1, 0, 7) => tile!("tmm1", "tmm2", "tmm7"),
+            _ => unreachable!("no product is issued with these registers"),
         }
     }
 }
