@@ -38,7 +38,7 @@ fn sum_chunk(data: &[u64], prefetch: bool) -> u64 {
         // SAFETY: the feature was just detected.
         return unsafe { sum_chunk_avx512(data, prefetch) };
     }
-    // Only the x86 read has a prefetching form; elsewhere both runs are plain loads.
+    // Only the AVX-512 read has a prefetching form; elsewhere both runs are plain loads.
     let _ = prefetch;
     // Eight independent accumulators keep the loads in flight; the compiler vectorizes this.
     let mut acc = [0u64; 8];

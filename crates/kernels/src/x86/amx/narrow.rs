@@ -9,13 +9,15 @@
 //! per token tile. The scaling is the module's recipe, so a token's results are the same
 //! bits as on the other paths.
 //!
-//! Per block of 64 rows × 128 values (measured on Sapphire Rapids, one thread, L1-resident,
-//! 8 tokens): the weight expansion about 52 ns, the tile loads, products and stores about 40
-//! ns, the scaling 10 ns (2 tokens) to 50 ns (8). The tile unit and the vector unit do not
-//! overlap, even interleaved instruction by instruction (an expansion of the next block beside
-//! each product: the sum of the two times), so these add up; within the tile work a product
-//! with M = 8 tokens costs about 60 % of one with 16, and the B loads about as much again. A
-//! whole model's weights come from memory, which the expansion prefetches ahead.
+//! Per block of 64 rows × 128 values, 8 tokens, one thread on Sapphire Rapids: alone, in a
+//! microbenchmark with everything in L1, the weight expansion about 52 ns and the tile loads,
+//! products and stores about 40; in place (`gemm_speed`, the matrix in L2) the expansion about
+//! 60, the tile work 60, the scaling 30 and the loops and stores of results 20. The tile unit
+//! and the vector unit do not overlap, even interleaved instruction by instruction (an
+//! expansion of the next block beside each product: the sum of the two times), so these add
+//! up; within the tile work a product with M = 8 tokens costs about 60 % of one with 16, and
+//! the B loads about as much again. A whole model's weights come from memory, which the
+//! expansion prefetches ahead; the same block costs the same from memory as from L2.
 
 use std::arch::asm;
 use std::arch::x86_64::*;
