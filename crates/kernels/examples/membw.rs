@@ -39,8 +39,9 @@ fn sum_chunk_avx512(data: &[u64], prefetch: bool) -> u64 {
 /// One line a step, each step waiting on a multiply of the step before (a 4-cycle chain beside
 /// the loads, far from binding at these speeds). On Sapphire Rapids this paced read streams
 /// more than the tight loop above, which issues its loads as fast as it can: 33–35 GB/s
-/// against 29–31 on two cores, huge pages (the hardware prefetcher runs further ahead of fewer
-/// demand misses in flight). The decode kernels' arithmetic paces their reads the same way.
+/// against 29–31 on two cores, huge pages (presumably the hardware prefetcher runs further
+/// ahead of fewer demand misses in flight). The decode kernels' arithmetic paces their reads
+/// the same way.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 fn sum_paced_avx512(data: &[u64]) -> u64 {
