@@ -87,7 +87,14 @@ fn main() {
                             if scattered {
                                 (0..blocks).map(|b| (base + (b * HEADS + h) * BLOCK, BLOCK)).collect()
                             } else if let Some(sb) = superblocks {
-                                (0..blocks / sb).map(|s| (base + (s * HEADS + h) * sb * BLOCK, sb * BLOCK)).collect()
+                                // As the pool's `row_index`: the last superblock is as wide as
+                                // the blocks left.
+                                (0..blocks.div_ceil(sb))
+                                    .map(|s| {
+                                        let (first, span) = (s * sb, (blocks - s * sb).min(sb));
+                                        (base + (first * HEADS + h * span) * BLOCK, span * BLOCK)
+                                    })
+                                    .collect()
                             } else {
                                 vec![(base + h * blocks * BLOCK, blocks * BLOCK)]
                             }

@@ -1,10 +1,10 @@
 //! Streaming read bandwidth of this machine: sum a 1 GiB buffer with 1, then 2, ... threads
 //! (each reading its own contiguous part), as plain loads, asking for each line 8 KiB ahead
 //! into L2 as the decode kernels do, and paced (see `sum_paced_avx512`), from huge pages and
-//! from 4 KiB pages; the best of the six is the roofline decode is measured against. On Sapphire Rapids (2026-12-05) huge pages
-//! stream 33–37 GB/s on two cores and 4 KiB pages 26–32: a buffer in a plain `Vec` (4 KiB
-//! pages, as this example read before) understated the roofline by a sixth. The model's packed
-//! weights and its cache pool are in huge pages.
+//! from 4 KiB pages; the best of the six is the roofline decode is measured against. On
+//! Sapphire Rapids (2026-12-05) huge pages stream 33–36 GB/s on two cores and 4 KiB pages
+//! 26–33: a buffer in a plain `Vec` (4 KiB pages, as this example read before) understated the
+//! roofline by a sixth. The model's packed weights and its cache pool are in huge pages.
 //!
 //! `cargo run --release -p onebit-kernels --example membw`
 
@@ -107,9 +107,7 @@ fn main() {
     let (huge, small) = (fill(true), fill(false));
     for threads in 1..=max_threads {
         let gbs = |arena: &Arena, how: Read| {
-            // SAFETY: the arena's bytes are 8-byte aligned (it starts on a page) and every bit
-            // pattern is a u64.
-            let data: &[u64] = unsafe { std::slice::from_raw_parts(arena.bytes().as_ptr() as *const u64, bytes / 8) };
+            let data: &[u64] = bytemuck::cast_slice(arena.bytes());
             let mut best = f64::MAX;
             for _ in 0..5 {
                 let t = Instant::now();
