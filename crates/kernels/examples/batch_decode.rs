@@ -10,7 +10,7 @@
 use std::time::Instant;
 
 use onebit_gguf::GgufModel;
-use onebit_kernels::{Acts, KernelTier, Kernels, MatRef, PackedMat, Pool};
+use onebit_kernels::{Acts, KernelTier, Kernels, MatRef, Pool};
 
 fn main() {
     let arg = |i: usize| std::env::args().nth(i);
@@ -36,21 +36,22 @@ fn main() {
     }
     names
         .push(vec![if model.tensor("output.weight").is_some() { "output.weight" } else { "token_embd.weight" }.into()]);
-    let mats: Vec<Vec<(MatRef, Option<PackedMat>)>> = names
+    // One arena for all, as a model load packs them (huge pages).
+    let flat: Vec<MatRef> = names
         .iter()
-        .map(|group| {
+        .flatten()
+        .map(|n| MatRef::from_tensor(&model.tensor(n).unwrap_or_else(|| panic!("no tensor {n}"))).unwrap())
+        .collect();
+    let (packed, _) = k.pack_all(&pool, &flat, &mut |_| {}, None);
+    let mut at = 0;
+    let groups: Vec<Vec<MatRef>> = names
+        .iter()
+        .map(|g| {
+            let group = (at..at + g.len()).map(|i| flat[i].with_packed(packed[i].as_ref())).collect();
+            at += g.len();
             group
-                .iter()
-                .map(|n| {
-                    let w = MatRef::from_tensor(&model.tensor(n).unwrap_or_else(|| panic!("no tensor {n}"))).unwrap();
-                    let p = k.pack(&pool, &w);
-                    (w, p)
-                })
-                .collect()
         })
         .collect();
-    let groups: Vec<Vec<MatRef>> =
-        mats.iter().map(|g| g.iter().map(|(w, p)| w.with_packed(p.as_ref())).collect()).collect();
     let macs_per_token: usize = groups.iter().flatten().map(|w| w.rows * w.cols).sum();
     println!("{path}: {:.2} G multiply-adds per token, {tier}, {threads} threads", macs_per_token as f64 / 1e9);
 

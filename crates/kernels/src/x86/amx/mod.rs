@@ -40,6 +40,7 @@ use std::ops::Range;
 
 use onebit_gguf::GgmlType;
 
+use super::LutAhead;
 use super::avx512;
 use super::avx512::legacy16::Ahead;
 use super::{Lut, prepare_planar};
@@ -298,6 +299,8 @@ fn gemm(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
         _ if w.packed.is_some_and(|p| p.group_rows == LEGACY_GROUP) => {
             avx512::legacy16::rows(w, rows, acts, out, Ahead::Kib8)
         }
+        // One token against packed Q1_0: the lookup kernel, asking ahead as suits this CPU.
+        _ if w.ty == GgmlType::Q1_0 => avx512::matmul::q1_0_rows_ahead(w, rows, acts, out, LutAhead::L2AndL1),
         _ => match avx512::row_kernel(w.ty) {
             Some(k) => k.run(w, rows, acts, out),
             None => unreachable!("every AMX type has an AVX-512 kernel"),

@@ -12,7 +12,7 @@ use crate::act::{ActFormat, Acts};
 use crate::formats::*;
 use crate::matmul::{MatRef, OutPtr, RowKernel, TiledFn};
 use crate::pack::{GROUP, PackedMat, Q1_GROUP_BLOCK};
-use crate::x86::{Lut, PlanarRow, WORD_TABLES_BLOCK, WORD_TABLES_HIGH, planar_row, with_tables};
+use crate::x86::{Lut, LutAhead, PlanarRow, WORD_TABLES_BLOCK, WORD_TABLES_HIGH, planar_row, with_tables};
 
 use super::q1_gemm::{block_scales, rows_from, scale_picks};
 
@@ -67,22 +67,35 @@ pub(super) fn d16(b: [u8; 2]) -> f32 {
 /// Q1_0 rows: through lookup tables when the matrix is packed, else sixteen rows at a time
 /// from the rows as they are.
 fn q1_0_rows(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
+    q1_0_rows_ahead(w, rows, acts, out, LutAhead::L2)
+}
+
+/// [`q1_0_rows`], the lookup kernel asking for the weights ahead as `ahead` says (each tier
+/// its own, see [`LutAhead`]).
+pub(crate) fn q1_0_rows_ahead(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr, ahead: LutAhead) {
     match w.packed {
         Some(p) if super::q1_gemm::serves(acts) => super::q1_gemm::rows(p, rows, acts, out),
-        Some(p) => q1_0_packed(p, rows, acts, out),
+        Some(p) => q1_0_packed(p, rows, acts, out, ahead),
         None => super::rows16::rows::<super::rows16::Q1_0>(w, rows, acts, out),
     }
 }
 
 /// Packed Q1_0 (64-row groups) × Q8_0 by lookup: each 4 weight bits index the 16 precomputed
 /// sums ±a0±a1±a2±a3 of their activations, for 32 rows per `vpermw`.
-fn q1_0_packed(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr) {
-    // SAFETY: the table holding this kernel exists only on AVX-512 CPUs.
-    unsafe { q1_0_packed_rows(p, rows, acts, out) }
+fn q1_0_packed(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr, ahead: LutAhead) {
+    // SAFETY: the tables holding this kernel exist only on AVX-512 CPUs.
+    unsafe {
+        match ahead {
+            LutAhead::L2 => q1_0_packed_rows::<false>(p, rows, acts, out),
+            LutAhead::L2AndL1 => q1_0_packed_rows::<true>(p, rows, acts, out),
+        }
+    }
 }
 
+/// `L1`: ask for the weights ahead as [`crate::x86::prefetch_ahead_l1`] does, else as
+/// [`crate::x86::prefetch_ahead`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-unsafe fn q1_0_packed_rows(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr) {
+unsafe fn q1_0_packed_rows<const L1: bool>(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr) {
     let nb = p.cols / 128;
     let x4 = acts.format() == ActFormat::Q8_0x4;
     with_tables(acts, Lut::Words, |tables| {
@@ -95,8 +108,11 @@ unsafe fn q1_0_packed_rows(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: 
                 // SAFETY: this call owns rows `rows` of the output and the masks stop at them;
                 // `lut` holds the row's tables of its `p.cols` values.
                 unsafe {
-                    let res =
-                        if x4 { lut_group::<true>(data, a, lut, nb) } else { lut_group::<false>(data, a, lut, nb) };
+                    let res = if x4 {
+                        lut_group::<true, L1>(data, a, lut, nb)
+                    } else {
+                        lut_group::<false, L1>(data, a, lut, nb)
+                    };
                     for (q, v) in res.iter().enumerate() {
                         let mask = ((1u32 << n.saturating_sub(16 * q).min(16)) - 1) as __mmask16;
                         if mask != 0 {
@@ -131,7 +147,7 @@ unsafe fn q1_0_packed_rows(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: 
 /// `a` a planar row of `128 · nb` values with `4 · nb` scales, and `lut` its lookup tables as
 /// words (`nb · WORD_TABLES_BLOCK` bytes).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, lut: &[u8], nb: usize) -> [__m512; 4] {
+unsafe fn lut_group<const X4: bool, const L1: bool>(data: &[u8], a: PlanarRow, lut: &[u8], nb: usize) -> [__m512; 4] {
     const EVEN: [i32; 16] = scale_picks(rows_from(0, 2));
     const ODD: [i32; 16] = scale_picks(rows_from(1, 2));
     const FIRST: [i32; 16] = [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23];
@@ -147,11 +163,12 @@ unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, lut: &[u8], nb: u
         // The weights stream from memory once: the scales' lines here, each vector of bits
         // beside its lookups (`lut_sums`; a burst of the block's 18 lines at once left a core
         // waiting).
-        crate::x86::prefetch_ahead(blk, 2 * GROUP);
+        ahead::<L1>(blk, 2 * GROUP);
         // SAFETY: the block's 16 vectors of sign bits and the row's tables of its 128 values
         // (the contract).
-        let sums =
-            |vs: Range<usize>| unsafe { lut_sums(blk.add(2 * GROUP), lut.as_ptr().add(WORD_TABLES_BLOCK * b), vs) };
+        let sums = |vs: Range<usize>| unsafe {
+            lut_sums::<L1>(blk.add(2 * GROUP), lut.as_ptr().add(WORD_TABLES_BLOCK * b), vs)
+        };
         // SAFETY: scale `4b + k < 4 · nb` of the row (the contract).
         let scale = |k: usize| _mm512_set1_ps(unsafe { *a.scales.get_unchecked(4 * b + k) });
         let t = if X4 {
@@ -190,10 +207,10 @@ unsafe fn lut_group<const X4: bool>(data: &[u8], a: PlanarRow, lut: &[u8], nb: u
 /// values (`WORD_TABLES_BLOCK` bytes); AVX-512 F/BW.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]
-unsafe fn lut_sums(bits: *const u8, lut: *const u8, vs: Range<usize>) -> (__m512i, __m512i) {
+unsafe fn lut_sums<const L1: bool>(bits: *const u8, lut: *const u8, vs: Range<usize>) -> (__m512i, __m512i) {
     let (mut even, mut odd) = (_mm512_setzero_si512(), _mm512_setzero_si512());
     for v in vs {
-        crate::x86::prefetch_ahead(bits.wrapping_add(64 * v), 64);
+        ahead::<L1>(bits.wrapping_add(64 * v), 64);
         // SAFETY: vector `v < 16` of each (the contract).
         let (w, low, high) = unsafe {
             (
@@ -207,6 +224,12 @@ unsafe fn lut_sums(bits: *const u8, lut: *const u8, vs: Range<usize>) -> (__m512
         odd = _mm512_add_epi16(odd, _mm512_add_epi16(lo(_mm512_srli_epi16::<8>(w)), hi(_mm512_srli_epi16::<13>(w))));
     }
     (even, odd)
+}
+
+/// Ask for the `len` bytes of weights ahead of `at` (see [`q1_0_packed_rows`]).
+#[inline(always)]
+fn ahead<const L1: bool>(at: *const u8, len: usize) {
+    if L1 { crate::x86::prefetch_ahead_l1(at, len) } else { crate::x86::prefetch_ahead(at, len) }
 }
 
 /// Sums of 32 even and 32 odd rows (i16) as four vectors of i32: even rows 0-30, odd rows

@@ -5,7 +5,7 @@ mod attn;
 mod attn_q8;
 mod kquants;
 pub(super) mod legacy16;
-mod matmul;
+pub(super) mod matmul;
 mod ops;
 mod q1_gemm;
 mod rows16;
