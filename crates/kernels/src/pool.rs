@@ -7,9 +7,9 @@
 //! spinning see it at once, workers that were parked are woken; the caller runs its own share
 //! and then closes the job and waits for the workers that joined it. Every job hands out its
 //! work dynamically (`for_chunks`), so a worker that is late, parked or busy with the side task
-//! costs nothing: the threads present do its share. Nothing is allocated per job. Workers spin
-//! only briefly after a job and then sleep on a condition variable, so an idle pool costs
-//! nothing.
+//! costs nothing: the threads present do its share. `run` allocates nothing per job
+//! (`for_shrinking` one word per thread). Workers spin only briefly after a job and then sleep
+//! on a condition variable, so an idle pool costs nothing.
 //!
 //! The side task ([`Pool::beside`]) exists for work that must overlap the forward pass without
 //! a thread of its own: a grammar mask on a two-core machine. A third thread would take a core
@@ -240,27 +240,24 @@ impl Pool {
     /// (the Bonsai-1.7B shape's layers) ran at 20–21 / 25 / 28 GB/s against 19–19.5 / 22 /
     /// 25.5, larger ones the same; the 1.7B shape decoded 2–4 % faster (tg128, four pairs).
     pub fn for_shrinking(&self, spaces: &[(usize, usize)], f: &(dyn Fn(usize, usize, std::ops::Range<usize>) + Sync)) {
-        // The first unit of each space, over all spaces' units, and their end.
-        let mut first = Vec::with_capacity(spaces.len() + 1);
-        let mut total = 0usize;
-        for &(rows, unit) in spaces {
-            first.push(total);
-            total += rows.div_ceil(unit.max(1));
-        }
-        first.push(total);
+        let units = |&(rows, unit): &(usize, usize)| rows.div_ceil(unit.max(1));
+        let total: usize = spaces.iter().map(units).sum();
         assert!(total < 1 << 32, "for_shrinking: {total} units");
         let parts = self.n_threads;
+        // The one allocation: each part's unclaimed units.
         let bounds: Vec<AtomicU64> =
             (0..parts).map(|p| AtomicU64::new(pack_units(total * p / parts..total * (p + 1) / parts))).collect();
-        // Units `us` (over all spaces) to `f`, cut where spaces end.
+        // Units `us` (over all spaces, one after another) to `f`, cut where spaces end.
         let hand = |tid: usize, us: std::ops::Range<usize>| {
-            let mut u = us.start;
-            while u < us.end {
-                let i = first.partition_point(|&s| s <= u) - 1;
-                let end = us.end.min(first[i + 1]);
-                let (rows, unit) = (spaces[i].0, spaces[i].1.max(1));
-                f(tid, i, (u - first[i]) * unit..((end - first[i]) * unit).min(rows));
-                u = end;
+            let mut first = 0;
+            for (i, space) in spaces.iter().enumerate() {
+                let end = first + units(space);
+                let (from, to) = (us.start.max(first), us.end.min(end));
+                if from < to {
+                    let (rows, unit) = (space.0, space.1.max(1));
+                    f(tid, i, (from - first) * unit..((to - first) * unit).min(rows));
+                }
+                first = end;
             }
         };
         self.run(&|tid| {

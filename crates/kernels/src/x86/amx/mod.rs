@@ -299,7 +299,8 @@ fn gemm(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
         _ if w.packed.is_some_and(|p| p.group_rows == LEGACY_GROUP) => {
             avx512::legacy16::rows(w, rows, acts, out, Ahead::Kib8)
         }
-        // One token against packed Q1_0: the lookup kernel, asking ahead as suits this CPU.
+        // Q1_0 with too few tokens for the tiles: the AVX-512 kernels, the lookup tables asking
+        // ahead as suits this CPU.
         _ if w.ty == GgmlType::Q1_0 => avx512::matmul::q1_0_rows_ahead(w, rows, acts, out, LutAhead::L2AndL1),
         _ => match avx512::row_kernel(w.ty) {
             Some(k) => k.run(w, rows, acts, out),
