@@ -228,6 +228,25 @@ async function mainScenario() {
   await step('Stop ends a long answer and the page is ready again', async () => {
     await setField('#max_tokens', 2000);
     await watchAnswer();
+    // A small model may end even a "very long story" after a few dozen tokens (CI saw 33), before
+    // Stop can be clicked; the request that reaches the server asks it to ignore end-of-text, so
+    // the answer runs until Stop. chatBodies keeps what the page itself sent.
+    const endless = (r) => {
+      if (r.method() === 'POST' && r.url().endsWith('/v1/chat/completions')) {
+        r.continue({ postData: JSON.stringify({ ...JSON.parse(r.postData()), ignore_eos: true }) });
+      } else r.continue();
+    };
+    await page.setRequestInterception(true);
+    page.on('request', endless);
+    try {
+      await stopLongAnswer();
+    } finally {
+      page.off('request', endless);
+      await page.setRequestInterception(false);
+    }
+  });
+
+  async function stopLongAnswer() {
     await sendMessage('Write a very long story, with many chapters, about a dragon who learns to fly.');
     await page.waitForFunction(() => {
       const s = window.__seen.filter((x) => x.busy && x.len > 0).map((x) => x.len);
@@ -269,7 +288,7 @@ async function mainScenario() {
     stoppedText = a2.text;
     messagesBefore = await page.$$eval('.message', (m) => m.length);
     console.log(`  stopped after ${a2.text.length} characters`);
-  });
+  }
 
   await step('the conversation survives a reload (localStorage)', async () => {
     await page.reload({ waitUntil: 'load' });
