@@ -59,11 +59,26 @@ page.on('console', (m) => {
   // The browser logs every 4xx it is given; the steps that expect one check it themselves.
   if (m.type() === 'error' && !m.text().startsWith('Failed to load resource')) console.log(`  [page console] ${m.text()}`);
 });
+const isChat = (r) => r.method() === 'POST' && r.url().endsWith('/v1/chat/completions');
 page.on('request', (r) => {
   const url = r.url();
   if (!url.startsWith(BASE + '/') && !/^(data|about|blob):/.test(url)) foreign.push(url);
-  if (r.method() === 'POST' && url.endsWith('/v1/chat/completions')) chatBodies.push(JSON.parse(r.postData()));
+  if (isChat(r)) chatBodies.push(JSON.parse(r.postData()));
 });
+
+// Run `body` with the page's chat completion requests handed to `handle` (which answers or
+// continues each one) and every other request let through; the page is left as it was.
+async function withChatRequests(handle, body) {
+  const route = (r) => (isChat(r) ? handle(r) : r.continue());
+  await page.setRequestInterception(true);
+  page.on('request', route);
+  try {
+    await body();
+  } finally {
+    page.off('request', route);
+    await page.setRequestInterception(false);
+  }
+}
 
 // ---------- helpers, each reading the page as a person would see it ----------
 
@@ -208,21 +223,12 @@ async function mainScenario() {
     const chunk = (delta) => `data: ${JSON.stringify({ object: 'chat.completion.chunk', choices: [{ index: 0, delta, finish_reason: null }] })}\n\n`;
     const sse = chunk({ role: 'assistant', content: '' }) + ': ping\n\n' + chunk({ content: 'Partial ' }) + chunk({ content: 'answer' })
       + `data: ${JSON.stringify({ error: { code: 500, message: 'the engine failed', type: 'server_error' } })}\n\n`;
-    const fake = (r) => {
-      if (r.method() === 'POST' && r.url().endsWith('/v1/chat/completions')) r.respond({ status: 200, contentType: 'text/event-stream', body: sse });
-      else r.continue();
-    };
-    await page.setRequestInterception(true);
-    page.on('request', fake);
-    try {
+    await withChatRequests((r) => r.respond({ status: 200, contentType: 'text/event-stream', body: sse }), async () => {
       await sendMessage('Break, please.');
       const a = await waitAnswer(10000);
       check(a.text === 'Partial answer', `the text before the error is not shown: "${a.text}"`);
       check(a.error && a.error.includes('the engine failed'), `the stream's error is not shown: ${a.error}`);
-    } finally {
-      page.off('request', fake);
-      await page.setRequestInterception(false);
-    }
+    });
   });
 
   await step('Stop ends a long answer and the page is ready again', async () => {
@@ -231,19 +237,8 @@ async function mainScenario() {
     // A small model may end even a "very long story" after a few dozen tokens (CI saw 33), before
     // Stop can be clicked; the request that reaches the server asks it to ignore end-of-text, so
     // the answer runs until Stop. chatBodies keeps what the page itself sent.
-    const endless = (r) => {
-      if (r.method() === 'POST' && r.url().endsWith('/v1/chat/completions')) {
-        r.continue({ postData: JSON.stringify({ ...JSON.parse(r.postData()), ignore_eos: true }) });
-      } else r.continue();
-    };
-    await page.setRequestInterception(true);
-    page.on('request', endless);
-    try {
-      await stopLongAnswer();
-    } finally {
-      page.off('request', endless);
-      await page.setRequestInterception(false);
-    }
+    const endless = (r) => r.continue({ postData: JSON.stringify({ ...JSON.parse(r.postData()), ignore_eos: true }) });
+    await withChatRequests(endless, stopLongAnswer);
   });
 
   async function stopLongAnswer() {

@@ -12,6 +12,9 @@ use onebit_gguf::GgmlType;
 use onebit_kernels::formats::quantize;
 use onebit_kernels::{Acts, KernelTier, Kernels, MatRef, Pool};
 
+#[path = "common/paced.rs"]
+mod paced;
+
 const GIB: usize = 1 << 30;
 
 fn main() {
@@ -65,39 +68,21 @@ fn matrix(ty: GgmlType, x: &[f32], rows: usize, row_bytes: usize) -> Vec<u8> {
     data
 }
 
-/// Both halves of `bytes` read at once, each by its own thread, one line a step beside a short
-/// chain of multiplies, asking 7 KiB ahead into L2.
+/// Both halves of `bytes` read at once, each by its own thread, as `membw` reads them paced and
+/// asking ahead ([`paced::sum_paced_avx512`]).
 fn read_paced(bytes: &[u8]) -> u64 {
     let half = bytes.len() / 2;
     std::thread::scope(|s| {
-        let hs: Vec<_> = bytes.chunks(half).map(|part| s.spawn(move || paced(part))).collect();
+        let hs: Vec<_> = bytes.chunks(half).map(|part| s.spawn(move || read_part(part))).collect();
         hs.into_iter().map(|h| h.join().unwrap()).fold(0, u64::wrapping_add)
     })
 }
 
-fn paced(part: &[u8]) -> u64 {
+fn read_part(part: &[u8]) -> u64 {
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx512f") {
         // SAFETY: the feature was just detected.
-        return unsafe { paced_avx512(part) };
+        return unsafe { paced::sum_paced_avx512(part, true) };
     }
     part.iter().map(|&b| b as u64).sum()
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn paced_avx512(part: &[u8]) -> u64 {
-    use std::arch::x86_64::*;
-    let mut acc = [_mm512_setzero_si512(); 8];
-    let mut pace = 1u64;
-    for (i, line) in part.chunks_exact(64).enumerate() {
-        for _ in 0..3 {
-            pace = pace.wrapping_mul(3) ^ i as u64;
-        }
-        _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().wrapping_add(7168) as *const i8);
-        // SAFETY: the line is 64 bytes; AVX-512 F is enabled.
-        let v = unsafe { _mm512_loadu_si512(line.as_ptr() as *const _) };
-        acc[i % 8] = _mm512_add_epi64(acc[i % 8], v);
-    }
-    acc.iter().map(|&a| _mm512_reduce_add_epi64(a) as u64).fold(pace, u64::wrapping_add)
 }

@@ -1,6 +1,6 @@
 //! Streaming read bandwidth of this machine: sum a 1 GiB buffer with 1, then 2, ... threads
 //! (each reading its own contiguous part), as plain loads, asking for each line 8 KiB ahead
-//! into L2 as the decode kernels do, paced (see `sum_paced_avx512`), and paced while asking
+//! into L2 as the decode kernels do, paced (see `common/paced.rs`), and paced while asking
 //! ahead, from huge pages and from 4 KiB pages; the best of the eight is the roofline decode is
 //! measured against. On Sapphire Rapids (2026-12-05) huge pages stream 33–36 GB/s on two cores
 //! paced, and 35–43 paced while asking 7 KiB ahead (the fifth session of that day found it:
@@ -14,13 +14,12 @@ use std::time::Instant;
 
 use onebit_kernels::arena::Arena;
 
+#[path = "common/paced.rs"]
+mod paced;
+
 /// How far ahead the prefetching read asks for its lines: the decode kernels' distance.
 #[cfg(target_arch = "x86_64")]
 const AHEAD: usize = 8192;
-
-/// How far ahead the paced read asks for its lines, when it does (7 KiB streamed best).
-#[cfg(target_arch = "x86_64")]
-const PACED_AHEAD: usize = 7168;
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
@@ -42,41 +41,12 @@ fn sum_chunk_avx512(data: &[u64], prefetch: bool) -> u64 {
     acc.iter().map(|&a| _mm512_reduce_add_epi64(a) as u64).fold(0, u64::wrapping_add)
 }
 
-/// One line a step, each step waiting on a multiply of the step before (a 4-cycle chain beside
-/// the loads, far from binding at these speeds). On Sapphire Rapids this paced read streams
-/// more than the tight loop above, which issues its loads as fast as it can: 33–35 GB/s
-/// against 29–31 on two cores, huge pages (presumably the hardware prefetcher runs further
-/// ahead of fewer demand misses in flight). The decode kernels' arithmetic paces their reads
-/// the same way. With `ahead`, three steps of the chain a line and each line asked for 7 KiB
-/// ahead into L2: on the same machine 35–43 GB/s against 33–36 (two steps: 35–38; four: 38;
-/// five and more bind).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn sum_paced_avx512(data: &[u64], ahead: bool) -> u64 {
-    use std::arch::x86_64::*;
-    let mut acc = [_mm512_setzero_si512(); 8];
-    let mut pace = 1u64;
-    for (i, line) in data.chunks_exact(8).enumerate() {
-        if ahead {
-            // Three steps of the chain, the pace at which asking ahead streamed best.
-            pace = pace.wrapping_mul(3) ^ i as u64;
-            pace = pace.wrapping_mul(3) ^ i as u64;
-            _mm_prefetch::<_MM_HINT_T1>((line.as_ptr() as *const i8).wrapping_add(PACED_AHEAD));
-        }
-        pace = pace.wrapping_mul(3) ^ i as u64;
-        // SAFETY: the line is eight values; AVX-512 F is enabled.
-        let x = unsafe { _mm512_loadu_si512(line.as_ptr() as *const _) };
-        acc[i % 8] = _mm512_add_epi64(acc[i % 8], x);
-    }
-    acc.iter().map(|&a| _mm512_reduce_add_epi64(a) as u64).fold(pace, u64::wrapping_add)
-}
-
-/// Read `data` tightly (asking ahead or not), or paced (see `sum_paced_avx512`).
+/// Read `data` tightly (asking ahead or not), or paced (see `paced::sum_paced_avx512`).
 fn sum(data: &[u64], how: Read) -> u64 {
     #[cfg(target_arch = "x86_64")]
     if matches!(how, Read::Paced | Read::PacedAhead) && is_x86_feature_detected!("avx512f") {
         // SAFETY: the feature was just detected.
-        return unsafe { sum_paced_avx512(data, how == Read::PacedAhead) };
+        return unsafe { paced::sum_paced_avx512(bytemuck::cast_slice(data), how == Read::PacedAhead) };
     }
     sum_chunk(data, how == Read::Ahead)
 }

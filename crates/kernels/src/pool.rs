@@ -328,10 +328,11 @@ fn claim(part: &AtomicU64, front: bool) -> Option<std::ops::Range<usize>> {
         if left.is_empty() {
             return None;
         }
-        let take = if front { left.len() - left.len() / OWN_TAIL } else { left.len().div_ceil(4) };
         let (took, rest) = if front {
+            let take = left.len() - left.len() / OWN_TAIL;
             (left.start..left.start + take, left.start + take..left.end)
         } else {
+            let take = left.len().div_ceil(4);
             (left.end - take..left.end, left.start..left.end - take)
         };
         match part.compare_exchange_weak(word, pack_units(rest), Ordering::Relaxed, Ordering::Relaxed) {
