@@ -40,7 +40,11 @@ fn main() {
     let blocks = depth.div_ceil(BLOCK);
     // [layer][k|v][head][block][slot][dim], or [layer][k|v][block][head][slot][dim] scattered.
     let per = blocks * HEADS * BLOCK * D;
-    let mut cache = vec![0u16; layers * 2 * per];
+    // In an arena, as the model's pool: huge pages where the system allows them (a `Vec` has
+    // 4 KiB pages, which the pool has only in each layer's first superblock: on Sapphire Rapids
+    // the f16 cache read 10–20 % slower that way on two threads, 20 % on one).
+    let mut arena16 = Arena::zeroed(2 * layers * 2 * per);
+    let cache: &mut [u16] = bytemuck::cast_slice_mut(arena16.bytes_mut());
     pool.for_each_mut(&mut cache.chunks_mut(1 << 20).collect::<Vec<_>>(), &|_, c| {
         for (i, x) in c.iter_mut().enumerate() {
             *x = half::f16::from_f32(((i * 7919 % 2003) as f32 / 1001.0 - 1.0) * 0.5).to_bits();
@@ -62,20 +66,11 @@ fn main() {
     } else {
         Vec::new()
     };
-    // In an arena, as the model's pool: huge pages where the system allows them.
     let mut arena = Arena::zeroed(cache8_vec.len());
     arena.bytes_mut().copy_from_slice(&cache8_vec);
     drop(cache8_vec);
     let cache8 = arena.bytes();
-    // The f16 cache too (a `Vec` has 4 KiB pages, which the model's pool has only in each
-    // layer's first superblock: on Sapphire Rapids that read 10–20 % slower on two threads,
-    // 20 % on one).
-    let mut arena16 = Arena::zeroed(if q8 { 0 } else { 2 * cache.len() });
-    if !q8 {
-        arena16.bytes_mut().copy_from_slice(bytemuck::cast_slice(&cache));
-    }
-    drop(cache);
-    let cache: &[u16] = bytemuck::cast_slice(arena16.bytes());
+    let cache: &[u16] = cache;
     let q: Vec<f32> = (0..HEADS * group * D).map(|i| ((i * 104729 % 997) as f32 / 498.0 - 1.0) * 0.5).collect();
     let mut out = vec![0f32; HEADS * group * D];
     let scratch = PerThread::new(threads, || (vec![0f32; group * depth], vec![0f32; group * D]));
