@@ -52,24 +52,16 @@ fn main() {
     });
     // The same cache as Q8_0 rows: per row of D values, D / 32 blocks of a scale and 32 bytes.
     let row8 = D / 32 * 34;
-    let cache8_vec: Vec<u8> = if q8 {
-        cache
-            .chunks(D)
-            .enumerate()
-            .flat_map(|(r, row)| {
-                row.chunks(32).flat_map(move |b| {
-                    let d = half::f16::from_f32(0.004 + (r % 7) as f32 * 0.001).to_bits().to_le_bytes();
-                    d.into_iter().chain(b.iter().map(|&x| (x % 251) as u8))
-                })
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let mut arena = Arena::zeroed(cache8_vec.len());
-    arena.bytes_mut().copy_from_slice(&cache8_vec);
-    drop(cache8_vec);
-    let cache8 = arena.bytes();
+    // Filled where it lies, as the f16 cache is (no second copy of the whole cache).
+    let mut arena8 = Arena::zeroed(if q8 { cache.len() / D * row8 } else { 0 });
+    for (r, (row, out)) in cache.chunks(D).zip(arena8.bytes_mut().chunks_mut(row8)).enumerate() {
+        let d = half::f16::from_f32(0.004 + (r % 7) as f32 * 0.001).to_bits().to_le_bytes();
+        for (b, block) in row.chunks(32).zip(out.chunks_mut(34)) {
+            block[..2].copy_from_slice(&d);
+            block[2..].iter_mut().zip(b).for_each(|(o, &x)| *o = (x % 251) as u8);
+        }
+    }
+    let cache8 = arena8.bytes();
     let cache: &[u16] = cache;
     let q: Vec<f32> = (0..HEADS * group * D).map(|i| ((i * 104729 % 997) as f32 / 498.0 - 1.0) * 0.5).collect();
     let mut out = vec![0f32; HEADS * group * D];
