@@ -93,8 +93,8 @@ pub(super) trait Elem {
     }
 
     /// Rows per step of [`acc_cols`]' walk over the runs (each step asks for the bytes ahead
-    /// of it once).
-    const PV_ROWS: usize = 1;
+    /// of it once, and checks its weights for zeros at once).
+    const PV_ROWS: usize = 16;
 
     /// Add `count` (at most [`Elem::PV_ROWS`]) consecutive rows of `n` values from `first` into
     /// `acc` ([`acc_cols`]' columns `c0 ..`, the last vector's lanes `last`), row t weighted
@@ -117,14 +117,35 @@ pub(super) trait Elem {
         (ahead, ahead_len): (*const u8, usize),
         acc: &mut [[__m512; V]; R],
     ) {
-        crate::x86::prefetch_l2(ahead, ahead_len);
-        // SAFETY: the contract: row t < count and its weights lie where they are read.
+        let share = ahead_len.div_ceil(count.max(1)).next_multiple_of(64);
+        // SAFETY: the contract: `count ≤ 16` rows at `first` and their weights at `p` (R rows,
+        // `lda` apart), every load masked to them; AVX-512 F/BW/VL.
         unsafe {
+            let live = mask(count);
+            let mut zero = 0;
+            for r in 0..R {
+                let w = _mm512_maskz_loadu_ps(live, p.add(r * lda));
+                zero |= _mm512_mask_cmpeq_ps_mask(live, w, _mm512_setzero_ps());
+            }
+            let lanes = |v: usize| if v + 1 < V { 0xffff } else { last };
             for t in 0..count {
-                let w: [f32; R] = std::array::from_fn(|r| *p.add(r * lda + t));
-                let zeros = w.iter().filter(|&&w| w == 0.0).count();
-                if zeros < R {
-                    Self::add_row(first.add(t * Self::row_len(n)), c0, last, &w, zeros, acc);
+                // This row's share of the bytes ahead. (Asked for one line at a time between
+                // the row's loads instead, they read no faster.)
+                if t * share < ahead_len {
+                    crate::x86::prefetch_l2(ahead.wrapping_add(t * share), share.min(ahead_len - t * share));
+                }
+                let row = first.add(t * Self::row_len(n));
+                if zero == 0 {
+                    // No weight of the chunk is 0 (decode's rows, all but the causal tail's):
+                    // each weight is broadcast from memory, and no row tests its own.
+                    let weight = |r: usize, _| _mm512_set1_ps(*p.add(r * lda + t));
+                    fma_row(acc, &[1.0; R], 0, weight, |v| Self::load(row, c0 + 16 * v, lanes(v)));
+                } else {
+                    let w: [f32; R] = std::array::from_fn(|r| *p.add(r * lda + t));
+                    let zeros = w.iter().filter(|&&w| w == 0.0).count();
+                    if zeros < R {
+                        Self::add_row(row, c0, last, &w, zeros, acc);
+                    }
                 }
             }
         }
@@ -495,32 +516,39 @@ fn gemm_nn_acc_impl<B: Elem>(a: &[f32], lda: usize, pages: &[&[B::E]], n: usize,
     let kk: usize = pages.iter().map(|p| p.len() / B::row_len(n)).sum();
     let mut i = 0;
     while i < m {
-        // Four rows (the query heads of a Bonsai-8B-shape kv head) take 64 columns at a time
-        // in 16 accumulators: each value is widened once per pass for all four, where three
-        // rows and then one widened every value twice.
         let r = (m - i).min(4);
-        let step = if r == 4 { 64 } else { 128 };
         assert!((i + r - 1) * lda + kk <= a.len() && (i + r) * n <= out.len());
-        for c0 in (0..n).step_by(step) {
-            let width = (n - c0).min(step);
+        let mut c0 = 0;
+        while c0 < n {
+            let width = (n - c0).min(128);
             // SAFETY: rows i..i + r of `a` (kk values each) and of `out` lie inside them (just
             // checked), and `width` columns from `c0` lie inside every row of `out` and `b`.
             unsafe {
                 let (pa, po) = (a.as_ptr().add(i * lda), out.as_mut_ptr().add(i * n));
                 match r {
+                    // Four rows (the query heads of a Bonsai-8B-shape kv head) keep 64 columns
+                    // in 16 registers: a chunk of rows adds into columns 0..64, then, while
+                    // it is in L1, into 64..128 (the other accumulators parked meanwhile).
+                    // Each row thus streams from memory once and is widened once per half.
+                    4 if width == 128 => acc_cols::<B, 4, 4, 2>(pa, lda, pages, n, c0, width, po),
+                    4 if width > 64 => {
+                        acc_cols::<B, 4, 4, 1>(pa, lda, pages, n, c0, 64, po);
+                        acc_rows::<B, 4>(pa, lda, pages, n, c0 + 64, width - 64, po);
+                    }
                     4 => acc_rows::<B, 4>(pa, lda, pages, n, c0, width, po),
                     3 => acc_rows::<B, 3>(pa, lda, pages, n, c0, width, po),
                     2 => acc_rows::<B, 2>(pa, lda, pages, n, c0, width, po),
                     _ => acc_rows::<B, 1>(pa, lda, pages, n, c0, width, po),
                 }
             }
+            c0 += width;
         }
         i += r;
     }
 }
 
-/// `R` output rows (at `o`, `n` apart) of columns `c0 .. c0 + width`, their weights at `p`
-/// (`lda` apart, one per row of the runs).
+/// `R` output rows (at `o`, `n` apart) of columns `c0 .. c0 + width` (at most 128; at most 64
+/// for four rows), their weights at `p` (`lda` apart, one per row of the runs).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn acc_rows<B: Elem, const R: usize>(
@@ -534,27 +562,29 @@ unsafe fn acc_rows<B: Elem, const R: usize>(
 ) {
     // SAFETY: the caller's contract is `acc_cols`' (R rows of `n` at `o`, their `kk` weights
     // at `p`, `lda` apart; columns `c0 .. c0 + width` inside every row), and `width <= 128`
-    // makes `width.div_ceil(16)` the V it needs.
+    // makes `width.div_ceil(16)` the V it needs, in one part.
     unsafe {
         match width.div_ceil(16) {
-            8 => acc_cols::<B, 8, R>(p, lda, pages, n, c0, width, o),
-            7 => acc_cols::<B, 7, R>(p, lda, pages, n, c0, width, o),
-            6 => acc_cols::<B, 6, R>(p, lda, pages, n, c0, width, o),
-            5 => acc_cols::<B, 5, R>(p, lda, pages, n, c0, width, o),
-            4 => acc_cols::<B, 4, R>(p, lda, pages, n, c0, width, o),
-            3 => acc_cols::<B, 3, R>(p, lda, pages, n, c0, width, o),
-            2 => acc_cols::<B, 2, R>(p, lda, pages, n, c0, width, o),
-            _ => acc_cols::<B, 1, R>(p, lda, pages, n, c0, width, o),
+            8 => acc_cols::<B, 8, R, 1>(p, lda, pages, n, c0, width, o),
+            7 => acc_cols::<B, 7, R, 1>(p, lda, pages, n, c0, width, o),
+            6 => acc_cols::<B, 6, R, 1>(p, lda, pages, n, c0, width, o),
+            5 => acc_cols::<B, 5, R, 1>(p, lda, pages, n, c0, width, o),
+            4 => acc_cols::<B, 4, R, 1>(p, lda, pages, n, c0, width, o),
+            3 => acc_cols::<B, 3, R, 1>(p, lda, pages, n, c0, width, o),
+            2 => acc_cols::<B, 2, R, 1>(p, lda, pages, n, c0, width, o),
+            _ => acc_cols::<B, 1, R, 1>(p, lda, pages, n, c0, width, o),
         }
     }
 }
 
-/// Columns `c0 .. c0 + width` (at most 16 V) of `R` output rows, kept in registers while the
-/// weighted rows stream past (each loaded once for the `R` rows). A row adds only its nonzero
-/// weights, in order (rows all weighted 0 are skipped altogether: the causal tail).
+/// Columns `c0 .. c0 + width` of `R` output rows, in `H` parts of `16·V` columns (all whole
+/// but the last vector of the last part), each part kept in registers while a chunk of
+/// weighted rows streams past (each row loaded once for the `R` output rows, and from memory
+/// once for all parts). A row adds only its nonzero weights, in order (rows all weighted 0 are
+/// skipped altogether: the causal tail).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn acc_cols<B: Elem, const V: usize, const R: usize>(
+unsafe fn acc_cols<B: Elem, const V: usize, const R: usize, const H: usize>(
     p: *const f32,
     lda: usize,
     pages: &[&[B::E]],
@@ -565,14 +595,18 @@ unsafe fn acc_cols<B: Elem, const V: usize, const R: usize>(
 ) {
     // SAFETY: the caller's contract: R rows of `n` outputs at `o` and R rows of weights at
     // `p` (`lda` apart, one weight per row of the runs), columns `c0 .. c0 + width` inside
-    // every output row and every row of the runs (rows of `n`); `lanes` masks the last vector
-    // to `width`. AVX-512 F/BW/VL present.
+    // every output row and every row of the runs (rows of `n`), `width` more than
+    // `16·V·H − 16`; `lanes` masks the last vector to `width`. AVX-512 F/BW/VL present.
     unsafe {
-        // Every vector but the last is whole.
-        let last = mask(width - 16 * (V - 1));
-        let lanes = |v: usize| if v + 1 < V { 0xffff } else { last };
-        let mut acc: [[__m512; V]; R] = std::array::from_fn(|r| {
-            std::array::from_fn(|v| _mm512_maskz_loadu_ps(lanes(v), o.add(r * n + c0 + 16 * v)))
+        let last = mask(width - 16 * (V * H - 1));
+        // The lanes of vector v of part h, and the last vector's lanes of part h.
+        let part_last = |h: usize| if h + 1 < H { 0xffff } else { last };
+        let lanes = |h: usize, v: usize| if v + 1 < V { 0xffff } else { part_last(h) };
+        let col = |h: usize, v: usize| c0 + 16 * (V * h + v);
+        let mut parts: [[[__m512; V]; R]; H] = std::array::from_fn(|h| {
+            std::array::from_fn(|r| {
+                std::array::from_fn(|v| _mm512_maskz_loadu_ps(lanes(h, v), o.add(r * n + col(h, v))))
+            })
         });
         let row_len = B::row_len(n);
         if let Some(first) = pages.first() {
@@ -581,31 +615,34 @@ unsafe fn acc_cols<B: Elem, const V: usize, const R: usize>(
         let row_bytes = row_len * std::mem::size_of::<B::E>();
         for RunChunk { run, rows, j } in RunChunks::new(pages, row_len, B::PV_ROWS).reader_asks_ahead() {
             // The chunk's rows' worth of bytes ahead (none past the run), for `add_rows` to ask
-            // for a row's share at a time.
+            // for a row's share at a time (in the first part only).
             let from = rows.start * row_bytes + AHEAD;
             let ahead = (
                 (run.as_ptr() as *const u8).wrapping_add(from),
                 std::mem::size_of_val(run).saturating_sub(from).min(rows.len() * row_bytes),
             );
-            B::add_rows(
-                run.as_ptr().add(rows.start * row_len),
-                rows.len(),
-                p.add(j),
-                lda,
-                n,
-                c0,
-                last,
-                ahead,
-                &mut acc,
-            );
+            for (h, part) in parts.iter_mut().enumerate() {
+                // A local copy the compiler keeps in registers through the chunk (adding into
+                // the array in place, it stored every accumulator after every row).
+                let mut acc = *part;
+                B::add_rows(
+                    run.as_ptr().add(rows.start * row_len),
+                    rows.len(),
+                    p.add(j),
+                    lda,
+                    n,
+                    col(h, 0),
+                    part_last(h),
+                    if h == 0 { ahead } else { (ahead.0, 0) },
+                    &mut acc,
+                );
+                *part = acc;
+            }
         }
-        for (r, acc) in acc.iter().enumerate() {
-            for v in 0..V {
-                let at = o.add(r * n + c0 + 16 * v);
-                if v + 1 < V {
-                    _mm512_storeu_ps(at, acc[v]);
-                } else {
-                    _mm512_mask_storeu_ps(at, last, acc[v]);
+        for (h, part) in parts.iter().enumerate() {
+            for (r, acc) in part.iter().enumerate() {
+                for (v, &x) in acc.iter().enumerate() {
+                    _mm512_mask_storeu_ps(o.add(r * n + col(h, v)), lanes(h, v), x);
                 }
             }
         }
