@@ -62,6 +62,10 @@ fn round_f16_impl(x: &mut [f32]) {
     }
 }
 
+/// Rows per step of [`acc_cols`]' walk over the runs: each step asks for the bytes ahead of it
+/// once, and [`Elem::add_rows`] takes its rows' weights sixteen at a time (one vector).
+const PV_ROWS: usize = 16;
+
 /// How the keys or values the block products read are stored: f32, IEEE halves or Q8_0 blocks,
 /// each widened in the register to exactly the f32 values that widening the rows first gives
 /// (so the same products).
@@ -92,11 +96,7 @@ pub(super) trait Elem {
         unsafe { _mm512_setzero_ps() }
     }
 
-    /// Rows per step of [`acc_cols`]' walk over the runs (each step asks for the bytes ahead
-    /// of it once, and checks its weights for zeros at once).
-    const PV_ROWS: usize = 16;
-
-    /// Add `count` (at most [`Elem::PV_ROWS`]) consecutive rows of `n` values from `first` into
+    /// Add `count` (at most [`PV_ROWS`]) consecutive rows of `n` values from `first` into
     /// `acc` ([`acc_cols`]' columns `c0 ..`, the last vector's lanes `last`), row t weighted
     /// by `p[r·lda + t]` for output row r; a row all of whose weights are 0 is skipped. The
     /// `ahead_len` bytes at `ahead` (any address) are asked for into L2 meanwhile.
@@ -117,7 +117,7 @@ pub(super) trait Elem {
         (ahead, ahead_len): (*const u8, usize),
         acc: &mut [[__m512; V]; R],
     ) {
-        let share = ahead_len.div_ceil(count.max(1)).next_multiple_of(64);
+        let share = row_share(ahead_len, count);
         // SAFETY: the contract: `count ≤ 16` rows at `first` and their weights at `p` (R rows,
         // `lda` apart), every load masked to them; AVX-512 F/BW/VL.
         unsafe {
@@ -129,11 +129,9 @@ pub(super) trait Elem {
             }
             let lanes = |v: usize| if v + 1 < V { 0xffff } else { last };
             for t in 0..count {
-                // This row's share of the bytes ahead. (Asked for one line at a time between
-                // the row's loads instead, they read no faster.)
-                if t * share < ahead_len {
-                    crate::x86::prefetch_l2(ahead.wrapping_add(t * share), share.min(ahead_len - t * share));
-                }
+                // (Asked for one line at a time between the row's loads instead, the bytes ahead
+                // read no faster.)
+                ask_share((ahead, ahead_len), share, t);
                 let row = first.add(t * Self::row_len(n));
                 if zero == 0 {
                     // No weight of the chunk is 0 (decode's rows, all but the causal tail's):
@@ -237,8 +235,6 @@ impl Elem for Q8 {
         unsafe { _mm512_cvtph_ps(_mm256_set1_epi16((row.add(d / 32 * 34) as *const i16).read_unaligned())) }
     }
 
-    const PV_ROWS: usize = 16;
-
     /// The block's scale folded into the weight: each output lane takes `fma(w_j · d_jb, q_jc,
     /// acc)` (`d_jb` the scale of the block of row j that holds column c, `q_jc` its byte),
     /// where widening the values first took `fma(w_j, q_jc · d_jb, acc)`. The products `w_j ·
@@ -260,7 +256,7 @@ impl Elem for Q8 {
     ) {
         // A row's share of the lines ahead beside each row (all 34 at once, a profile found
         // the core waiting on the prefetches).
-        let share = ahead_len.div_ceil(count.max(1)).next_multiple_of(64);
+        let share = row_share(ahead_len, count);
         // SAFETY: the contract: `count ≤ 16` rows of `n / 32` blocks (34 bytes: a 2-byte
         // scale, then 32 bytes) at `first`, the columns' blocks `c0 / 32 ..` (at most 128
         // values: four blocks) inside each; a scale's dword holds the scale and two quants;
@@ -286,9 +282,7 @@ impl Elem for Q8 {
             }
             let lanes = |v: usize| if v + 1 < V { 0xffff } else { last };
             for t in 0..count {
-                if t * share < ahead_len {
-                    crate::x86::prefetch_l2(ahead.wrapping_add(t * share), share.min(ahead_len - t * share));
-                }
+                ask_share((ahead, ahead_len), share, t);
                 let w: [f32; R] = std::array::from_fn(|r| *p.add(r * lda + t));
                 let zeros = w.iter().filter(|&&w| w == 0.0).count();
                 if zeros == R {
@@ -315,6 +309,20 @@ impl Elem for Q8 {
             let q = _mm_maskz_loadu_epi8(m, row.add(d / 32 * 34 + 2 + d % 32) as *const i8);
             _mm512_maskz_mul_ps(m, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), scale)
         }
+    }
+}
+
+/// Each row's share (whole lines) of the `ahead_len` bytes ahead of a chunk of `count` rows.
+#[inline(always)]
+fn row_share(ahead_len: usize, count: usize) -> usize {
+    ahead_len.div_ceil(count.max(1)).next_multiple_of(64)
+}
+
+/// Ask for row `t`'s share of the bytes ahead (none past their end) to be brought into L2.
+#[inline(always)]
+fn ask_share((ahead, ahead_len): (*const u8, usize), share: usize, t: usize) {
+    if t * share < ahead_len {
+        crate::x86::prefetch_l2(ahead.wrapping_add(t * share), share.min(ahead_len - t * share));
     }
 }
 
@@ -620,7 +628,7 @@ unsafe fn acc_cols<B: Elem, const V: usize, const R: usize, const H: usize>(
             prefetch(first, 0, AHEAD);
         }
         let row_bytes = row_len * std::mem::size_of::<B::E>();
-        for RunChunk { run, rows, j } in RunChunks::new(pages, row_len, B::PV_ROWS).reader_asks_ahead() {
+        for RunChunk { run, rows, j } in RunChunks::new(pages, row_len, PV_ROWS).reader_asks_ahead() {
             // The chunk's rows' worth of bytes ahead (none past the run), for `add_rows` to ask
             // for a row's share at a time (in the first part only).
             let from = rows.start * row_bytes + AHEAD;
