@@ -4,8 +4,9 @@
 //! share a kv head).
 //!
 //! Then the same products over a Q8_0 cache read where it lies (`scores_q8_0`, the queries
-//! rounded to Q8_0, and `gemm_nn_acc_pages`), in GB/s of cache bytes: decode attention over
-//! such a cache should read it at the memory's speed.
+//! rounded to Q8_0, and `gemm_nn_acc_pages`), and over an f16 cache (`gemm_nt_pages`,
+//! `gemm_nn_acc_pages`), in GB/s of cache bytes: decode attention over such a cache should
+//! read it at the memory's speed.
 //!
 //! `cargo run --release -p onebit-kernels --example attn_speed [M,..] [N] [D] [TIER]`
 
@@ -58,5 +59,11 @@ fn main() {
         let pv = time(&mut || k.gemm_nn_acc_pages(&p, n, Pages::Q8_0(&runs), d, &mut o));
         let gb = |secs: f64| kv8.len() as f64 / secs / 1e9;
         println!("{tier} m={m:<3} n={n} d={d}: q8_0 scores {:>6.1} GB/s | q8_0 P·V {:>6.1} GB/s", gb(sc), gb(pv));
+        let kv16: Vec<u16> = kv.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
+        let runs16 = [&kv16[..]];
+        let sc = time(&mut || k.gemm_nt_pages(&q, Pages::F16(&runs16), d, &mut s, n));
+        let pv = time(&mut || k.gemm_nn_acc_pages(&p, n, Pages::F16(&runs16), d, &mut o));
+        let gb = |secs: f64| 2.0 * kv16.len() as f64 / secs / 1e9;
+        println!("{tier} m={m:<3} n={n} d={d}: f16 scores {:>6.1} GB/s | f16 P·V {:>6.1} GB/s", gb(sc), gb(pv));
     }
 }

@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 
 use super::ops::hsum;
 use crate::dispatch::Pages;
-use crate::x86::{RunChunk, RunChunks};
+use crate::x86::{RUN_AHEAD, RunChunk, RunChunks};
 
 /// How the rows of a run are stored.
 trait Elem {
@@ -157,7 +157,16 @@ fn gemm_nt_impl<B: Elem>(a: &[f32], pages: &[&[B::E]], k: usize, out: &mut [f32]
 #[inline(always)]
 unsafe fn dots<B: Elem, const R: usize>(a: *const f32, pages: &[&[B::E]], k: usize, out: *mut f32, ldo: usize) {
     let row_len = B::row_len(k);
-    for RunChunk { run, rows, j } in RunChunks::new(pages, row_len, 1) {
+    let row_bytes = row_len * std::mem::size_of::<B::E>();
+    // Bytes of a row per 16 values (whole: Q8_0 rows are whole blocks of 32).
+    let step = row_bytes * 16 / k;
+    for RunChunk { run, rows, j } in RunChunks::new(pages, row_len, 1).reader_asks_ahead() {
+        // The row's bytes RUN_AHEAD on, asked for `step` bytes at a time beside each 16
+        // values' loads (none past the run's end). Asked for per row as a chunk, with the
+        // arithmetic that cuts them at the run's end, they took nearly as long as the rest
+        // of the scores from L2 on Zen 2; from memory, asking for nothing read 5 % slower.
+        let ahead = (rows.end * row_bytes + RUN_AHEAD <= std::mem::size_of_val(run))
+            .then(|| (run.as_ptr() as *const u8).wrapping_add(rows.start * row_bytes + RUN_AHEAD));
         // SAFETY: the chunk's row of the run, values below k; query values below k of R
         // rows; output (r, j) for r < R (the contract).
         unsafe {
@@ -165,6 +174,9 @@ unsafe fn dots<B: Elem, const R: usize>(a: *const f32, pages: &[&[B::E]], k: usi
             let (mut s0, mut s1) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
             let mut d = 0;
             while d + 16 <= k {
+                if let Some(ahead) = ahead {
+                    crate::x86::prefetch_l2(ahead.wrapping_add(d / 16 * step), 1);
+                }
                 let sc = B::scale(b, d);
                 let (x0, x1) = (B::load8(b, d, sc), B::load8(b, d + 8, sc));
                 for r in 0..R {
@@ -180,11 +192,18 @@ unsafe fn dots<B: Elem, const R: usize>(a: *const f32, pages: &[&[B::E]], k: usi
                 }
                 d += 8;
             }
-            for r in 0..R {
-                let mut s = hsum(_mm256_add_ps(s0[r], s1[r]));
-                for t in d..k {
-                    s += *a.add(r * k + t) * B::value(b, t);
+            // The sums across lanes first, in registers, and the scalar tail (none for heads
+            // of a multiple of 8) apart: with the tail's loop between them the compiler kept
+            // the sums on the stack and added them a row at a time.
+            let mut sums: [f32; R] = std::array::from_fn(|r| hsum(_mm256_add_ps(s0[r], s1[r])));
+            if d < k {
+                for (r, s) in sums.iter_mut().enumerate() {
+                    for t in d..k {
+                        *s += *a.add(r * k + t) * B::value(b, t);
+                    }
                 }
+            }
+            for (r, &s) in sums.iter().enumerate() {
                 *out.add(r * ldo + j) = s;
             }
         }
