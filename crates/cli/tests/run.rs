@@ -66,7 +66,10 @@ fn raw_greedy_run_prints_llama_cpp_continuation() {
 /// llama.cpp's greedy tokens, up to the first end-of-generation token, where `run` stops (the
 /// reference's first token after prompt 4 is `<eos>`). Prompts 3 and 6 are left out: llama.cpp's
 /// own margin between its two best tokens falls under the fixtures' 0.1 std tie rule at their
-/// steps 7 and 3 (0.086 and 0.028 std), where either token is a correct answer.
+/// steps 7 and 3 (0.086 and 0.028 std), where either token is a correct answer. Prompt 0 is
+/// compared up to its step 11 for the same reason: there llama.cpp's own AVX2 build (Zen 2)
+/// picks " largest" over the fixture's " capital" by 0.21 (0.076 std), and so does onebit's
+/// AVX2 tier.
 #[test]
 fn gemma3_raw_greedy_runs_reproduce_llama_cpp() {
     let (Some(model), Some(fx)) =
@@ -76,7 +79,7 @@ fn gemma3_raw_greedy_runs_reproduce_llama_cpp() {
     };
     let m = model.to_str().unwrap();
     let prompts = fx["prompts"].as_array().unwrap();
-    for p in [0, 1, 2, 4, 5].map(|i| &prompts[i]) {
+    for (p, steps) in [(0, 11), (1, 32), (2, 32), (4, 32), (5, 32)].map(|(i, steps)| (&prompts[i], steps)) {
         let prompt = p["text"].as_str().unwrap();
         let out = onebit(&["run", "-m", m, "--raw", "--temp", "0", "-n", "32", "--json", "-p", prompt], None, &[]);
         assert!(out.status.success(), "{}", text(&out.stderr));
@@ -86,6 +89,10 @@ fn gemma3_raw_greedy_runs_reproduce_llama_cpp() {
         // Gemma's ends of generation: <eos> (1) and <end_of_turn> (106).
         let until_eog: Vec<u64> = greedy.iter().copied().take_while(|&t| t != 1 && t != 106).collect();
         let ids: Vec<u64> = v["ids"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+        if steps < until_eog.len() {
+            assert_eq!(ids[..steps.min(ids.len())], until_eog[..steps], "{prompt:?}");
+            continue;
+        }
         assert_eq!(ids, until_eog, "{prompt:?}");
         if until_eog.len() == greedy.len() {
             assert_eq!(v["text"], p["greedy_text"], "{prompt:?}");
