@@ -12,7 +12,6 @@
 
 use std::arch::x86_64::*;
 
-use super::ops::hsum;
 use crate::dispatch::Pages;
 use crate::x86::{RUN_AHEAD, RunChunk, RunChunks};
 
@@ -136,77 +135,151 @@ fn gemm_nt_impl<B: Elem>(a: &[f32], pages: &[&[B::E]], k: usize, out: &mut [f32]
         // checked), and every run holds whole rows of `k` (checked by `Kernels`).
         unsafe {
             let (pa, po) = (a.as_ptr().add(i * k), out.as_mut_ptr().add(i * ldo));
-            match r {
-                4 => dots::<B, 4>(pa, pages, k, po, ldo),
-                3 => dots::<B, 3>(pa, pages, k, po, ldo),
-                2 => dots::<B, 2>(pa, pages, k, po, ldo),
-                _ => dots::<B, 1>(pa, pages, k, po, ldo),
+            macro_rules! by_rows {
+                ($k:literal) => {
+                    match r {
+                        4 => dots::<B, 4, $k>(pa, pages, k, po, ldo),
+                        3 => dots::<B, 3, $k>(pa, pages, k, po, ldo),
+                        2 => dots::<B, 2, $k>(pa, pages, k, po, ldo),
+                        _ => dots::<B, 1, $k>(pa, pages, k, po, ldo),
+                    }
+                };
+            }
+            // The common head sizes as constants: the query rows' addresses are then one
+            // register and fixed offsets, where with a variable size four rows' addresses
+            // did not fit the registers beside the loop's own and were reloaded from the
+            // stack every 16 values (the loads, not the fmas, bounded the scores of four
+            // query heads per kv head on Zen 2).
+            match k {
+                64 => by_rows!(64),
+                128 => by_rows!(128),
+                256 => by_rows!(256),
+                _ => by_rows!(0),
             }
         }
         i += r;
     }
 }
 
+/// Key rows whose sums across lanes are taken together (see [`hsum8`]).
+const KEYS: usize = 8;
+
 /// `R` query rows at `a` against every row of the runs, into `R` rows of `out`: per pair, the
 /// recipe of `dot_f32` (two accumulators over chunks of 16, one more chunk of 8 into the first,
-/// their sum's `hsum`, then the scalar tail).
+/// their sum's `hsum`, then the scalar tail). The sums across lanes are taken for eight key
+/// rows at once ([`hsum8`], the same additions): one row at a time they took a third of the
+/// scores' time on Zen 2.
 ///
 /// # Safety
 /// `R` rows of `k` at `a`; `R` rows of at least the runs' rows at `out`, `ldo` apart; every run
-/// whole rows of `k`; AVX2, FMA and F16C.
+/// whole rows of `k`; `K` is `k` or 0; AVX2, FMA and F16C.
 #[inline(always)]
-unsafe fn dots<B: Elem, const R: usize>(a: *const f32, pages: &[&[B::E]], k: usize, out: *mut f32, ldo: usize) {
+unsafe fn dots<B: Elem, const R: usize, const K: usize>(
+    a: *const f32,
+    pages: &[&[B::E]],
+    k: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    debug_assert!(K == 0 || K == k);
+    let k = if K > 0 { K } else { k };
     let row_len = B::row_len(k);
     let row_bytes = row_len * std::mem::size_of::<B::E>();
     // Bytes of a row per 16 values (whole: Q8_0 rows are whole blocks of 32).
     let step = row_bytes * 16 / k;
-    for RunChunk { run, rows, j } in RunChunks::new(pages, row_len, 1).reader_asks_ahead() {
-        // The row's bytes RUN_AHEAD on, asked for `step` bytes at a time beside each 16
-        // values' loads (none past the run's end). Asked for per row as a chunk, with the
-        // arithmetic that cuts them at the run's end, they took nearly as long as the rest
-        // of the scores from L2 on Zen 2; from memory, asking for nothing read 5 % slower.
-        let ahead = (rows.end * row_bytes + RUN_AHEAD <= std::mem::size_of_val(run))
-            .then(|| (run.as_ptr() as *const u8).wrapping_add(rows.start * row_bytes + RUN_AHEAD));
-        // SAFETY: the chunk's row of the run, values below k; query values below k of R
-        // rows; output (r, j) for r < R (the contract).
-        unsafe {
-            let b = run.as_ptr().add(rows.start * row_len);
-            let (mut s0, mut s1) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
-            let mut d = 0;
-            while d + 16 <= k {
-                if let Some(ahead) = ahead {
-                    crate::x86::prefetch_l2(ahead.wrapping_add(d / 16 * step), 1);
-                }
-                let sc = B::scale(b, d);
-                let (x0, x1) = (B::load8(b, d, sc), B::load8(b, d + 8, sc));
-                for r in 0..R {
-                    s0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(r * k + d)), x0, s0[r]);
-                    s1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(r * k + d + 8)), x1, s1[r]);
-                }
-                d += 16;
-            }
-            if d + 8 <= k {
-                let x0 = B::load8(b, d, B::scale(b, d));
-                for r in 0..R {
-                    s0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(r * k + d)), x0, s0[r]);
-                }
-                d += 8;
-            }
-            // The sums across lanes first, in registers, and the scalar tail (none for heads
-            // of a multiple of 8) apart: with the tail's loop between them the compiler kept
-            // the sums on the stack and added them a row at a time.
-            let mut sums: [f32; R] = std::array::from_fn(|r| hsum(_mm256_add_ps(s0[r], s1[r])));
-            if d < k {
-                for (r, s) in sums.iter_mut().enumerate() {
-                    for t in d..k {
-                        *s += *a.add(r * k + t) * B::value(b, t);
+    // Each query row's lane sums of the chunk's key rows; slots past a short chunk's rows
+    // hold earlier rows' sums, reduced along and never stored.
+    // SAFETY: register operations only (AVX, the contract).
+    let mut lanes = [[unsafe { _mm256_setzero_ps() }; KEYS]; R];
+    for RunChunk { run, rows, j } in RunChunks::new(pages, row_len, KEYS).reader_asks_ahead() {
+        let mut d = 0;
+        for (slot, row) in rows.clone().enumerate() {
+            // The row's bytes RUN_AHEAD on, asked for `step` bytes at a time beside each 16
+            // values' loads (none past the run's end). Asked for per row as a chunk, with the
+            // arithmetic that cuts them at the run's end, they took nearly as long as the rest
+            // of the scores from L2 on Zen 2; from memory, asking for nothing read 5 % slower.
+            let ahead = ((row + 1) * row_bytes + RUN_AHEAD <= std::mem::size_of_val(run))
+                .then(|| (run.as_ptr() as *const u8).wrapping_add(row * row_bytes + RUN_AHEAD));
+            // SAFETY: the chunk's row of the run, values below k; query values below k of R
+            // rows (the contract).
+            unsafe {
+                let b = run.as_ptr().add(row * row_len);
+                let (mut s0, mut s1) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
+                d = 0;
+                while d + 16 <= k {
+                    if let Some(ahead) = ahead {
+                        crate::x86::prefetch_l2(ahead.wrapping_add(d / 16 * step), 1);
                     }
+                    let sc = B::scale(b, d);
+                    let (x0, x1) = (B::load8(b, d, sc), B::load8(b, d + 8, sc));
+                    for r in 0..R {
+                        s0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(r * k + d)), x0, s0[r]);
+                        s1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(r * k + d + 8)), x1, s1[r]);
+                    }
+                    d += 16;
                 }
-            }
-            for (r, &s) in sums.iter().enumerate() {
-                *out.add(r * ldo + j) = s;
+                if d + 8 <= k {
+                    let x0 = B::load8(b, d, B::scale(b, d));
+                    for r in 0..R {
+                        s0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(r * k + d)), x0, s0[r]);
+                    }
+                    d += 8;
+                }
+                for r in 0..R {
+                    lanes[r][slot] = _mm256_add_ps(s0[r], s1[r]);
+                }
             }
         }
+        // SAFETY: outputs (r, j + slot) for r < R and the chunk's rows; the scalar tail reads
+        // values d .. k of those rows and of the query rows (the contract).
+        unsafe {
+            for (r, lanes) in lanes.iter().enumerate() {
+                let sums = hsum8(lanes);
+                let o = out.add(r * ldo + j);
+                if rows.len() == KEYS && d == k {
+                    _mm256_storeu_ps(o, sums);
+                    continue;
+                }
+                let mut each = [0f32; KEYS];
+                _mm256_storeu_ps(each.as_mut_ptr(), sums);
+                for (slot, row) in rows.clone().enumerate() {
+                    let (b, mut s) = (run.as_ptr().add(row * row_len), each[slot]);
+                    for t in d..k {
+                        s += *a.add(r * k + t) * B::value(b, t);
+                    }
+                    *o.add(slot) = s;
+                }
+            }
+        }
+    }
+}
+
+/// `hsum` of each of eight vectors, lane i the sum of `v[i]`: the same additions in the same
+/// order (high half onto low, lanes 2 and 3 onto 0 and 1, then lane 1 onto 0), each applied to
+/// two or four vectors' lanes at once.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline(always)]
+unsafe fn hsum8(v: &[__m256; KEYS]) -> __m256 {
+    // SAFETY: register operations only, with AVX2 (the contract).
+    unsafe {
+        // [v_a's low half + high half | v_b's]: lanes i and i + 4 of each.
+        let halves = |a: __m256, b: __m256| {
+            _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(a, b), _mm256_permute2f128_ps::<0x31>(a, b))
+        };
+        let (h01, h23, h45, h67) = (halves(v[0], v[1]), halves(v[2], v[3]), halves(v[4], v[5]), halves(v[6], v[7]));
+        // Per 128-bit half, [x's 0 + 2, x's 1 + 3, y's 0 + 2, y's 1 + 3].
+        let pairs = |x: __m256, y: __m256| {
+            _mm256_add_ps(_mm256_shuffle_ps::<0b01_00_01_00>(x, y), _mm256_shuffle_ps::<0b11_10_11_10>(x, y))
+        };
+        let (p0123, p4567) = (pairs(h01, h23), pairs(h45, h67));
+        // Lane 0 + lane 1 of each: rows 0, 2, 4, 6 in the low half, 1, 3, 5, 7 in the high.
+        let sums = _mm256_add_ps(
+            _mm256_shuffle_ps::<0b10_00_10_00>(p0123, p4567),
+            _mm256_shuffle_ps::<0b11_01_11_01>(p0123, p4567),
+        );
+        _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
     }
 }
 
@@ -360,5 +433,36 @@ pub(crate) fn gemm_nn_acc_pages(a: &[f32], lda: usize, pages: Pages, n: usize, o
         Pages::F16(p) => unsafe { gemm_nn_acc_impl::<u16>(a, lda, p, n, out) },
         // SAFETY: as above (`n` a multiple of 32).
         Pages::Q8_0(p) => unsafe { gemm_nn_acc_impl::<Q8>(a, lda, p, n, out) },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tier::KernelTier;
+
+    /// Eight sums at once are the bits of eight `hsum`s, over values whose sums round.
+    #[test]
+    fn hsum8_is_eight_hsums() {
+        if !KernelTier::Avx2.is_available() {
+            return;
+        }
+        let mut seed = 7u64;
+        let mut next = move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let e = ((seed >> 60) as i32) - 8;
+            ((seed >> 33) as f32 / (1u64 << 31) as f32 - 0.5) * 2f32.powi(e)
+        };
+        for _ in 0..1000 {
+            let vals: [[f32; 8]; KEYS] = std::array::from_fn(|_| std::array::from_fn(|_| next()));
+            // SAFETY: AVX2 is present (checked above); each load reads one array of 8.
+            let (got, want) = unsafe {
+                let v: [__m256; KEYS] = std::array::from_fn(|i| _mm256_loadu_ps(vals[i].as_ptr()));
+                let mut got = [0f32; KEYS];
+                _mm256_storeu_ps(got.as_mut_ptr(), hsum8(&v));
+                (got, v.map(|v| super::super::ops::hsum(v)))
+            };
+            assert_eq!(got.map(f32::to_bits), want.map(f32::to_bits), "{vals:?}");
+        }
     }
 }

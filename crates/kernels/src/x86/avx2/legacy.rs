@@ -50,14 +50,9 @@ pub(super) fn packed(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr
             // SAFETY: the AVX2 table is handed out only on AVX2 CPUs; AVX-VNNI only when present.
             let res = unsafe { tile_product(vnni, p.ty, tile, data, nb, &a) };
             for (i, res) in res.iter().take(tile).enumerate() {
-                for (r, &v) in res.iter().enumerate() {
-                    let row = g * LEGACY_GROUP + r;
-                    if row >= rows.end {
-                        break;
-                    }
-                    // SAFETY: this call owns rows `rows` of the output.
-                    unsafe { out.write(t0 + i, row, v) };
-                }
+                // SAFETY: this call owns rows `rows` of the output, and the group's rows start
+                // at or after `rows.start` (whole groups are handed out).
+                unsafe { super::matmul::store_group(&out, t0 + i, g * LEGACY_GROUP, res, rows.end) };
             }
         }
     }
@@ -252,6 +247,11 @@ unsafe fn body<const VNNI: bool, const KIND: u8, const T: usize>(
         _ => 0.0,
     };
     let mut res = [[0f32; LEGACY_GROUP]; TILE];
+    // The rows' scales and offsets of the current block, widened once and read back by every
+    // token's steps as memory operands: in registers beside the eight unpacked vectors and
+    // four accumulators they made the compiler spill the tokens' partial results.
+    // SAFETY: a register operation, with AVX (the contract).
+    let mut wide = [unsafe { _mm256_setzero_ps() }; 2];
     // SAFETY: the caller's contract: AVX2, FMA, F16C (and AVX-VNNI for VNNI) are enabled. Block `b` lies
     // inside `data`, and each token holds 32 activations, a scale and a sum per block
     // (asserted above).
@@ -261,18 +261,26 @@ unsafe fn body<const VNNI: bool, const KIND: u8, const T: usize>(
             for b in 0..nb {
                 let blk = data.as_ptr().add(b * block);
                 let w = unpack::<VNNI, KIND>(blk, qs_at, qh_at, h);
-                let dw = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i));
-                let mw = match m_at {
-                    Some(at) => _mm256_cvtph_ps(_mm_loadu_si128(blk.add(at + 16 * h) as *const __m128i)),
-                    None => _mm256_setzero_ps(),
-                };
-                for (acc, a) in acc.iter_mut().zip(a) {
+                let wide_at = wide.as_mut_ptr();
+                wide_at.write_volatile(_mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i)));
+                if let Some(at) = m_at {
+                    wide_at
+                        .add(1)
+                        .write_volatile(_mm256_cvtph_ps(_mm_loadu_si128(blk.add(at + 16 * h) as *const __m128i)));
+                }
+                for t in 0..T {
+                    let a = &a[t];
                     let s = block_sum::<VNNI, KIND>(&w, a.qs.as_ptr().add(32 * b));
                     let (da, sa) = (*a.scales.get_unchecked(b), *a.sums.get_unchecked(b));
-                    let v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(da), _mm256_set1_ps(offset * sa));
-                    *acc = _mm256_fmadd_ps(v, dw, *acc);
+                    // x·da − 0 is x·da to the bit, so the offset-free kinds skip the subtraction.
+                    let v = if offset == 0.0 {
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(da))
+                    } else {
+                        _mm256_fmsub_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(da), _mm256_set1_ps(offset * sa))
+                    };
+                    acc[t] = _mm256_fmadd_ps(v, *wide_at, acc[t]);
                     if KIND == Q4_1 || KIND == Q5_1 {
-                        *acc = _mm256_fmadd_ps(mw, _mm256_set1_ps(sa), *acc);
+                        acc[t] = _mm256_fmadd_ps(*wide_at.add(1), _mm256_set1_ps(sa), acc[t]);
                     }
                 }
             }
