@@ -187,12 +187,13 @@ unsafe fn dots<B: Elem, const R: usize, const K: usize>(
     let row_bytes = row_len * std::mem::size_of::<B::E>();
     // Bytes of a row per 16 values (whole: Q8_0 rows are whole blocks of 32).
     let step = row_bytes * 16 / k;
+    // Values the vector steps take (chunks of 16, then one of 8); the scalar tail takes the rest.
+    let full = k / 8 * 8;
     // Each query row's lane sums of the chunk's key rows; slots past a short chunk's rows
     // hold earlier rows' sums, reduced along and never stored.
     // SAFETY: register operations only (AVX, the contract).
     let mut lanes = [[unsafe { _mm256_setzero_ps() }; KEYS]; R];
     for RunChunk { run, rows, j } in RunChunks::new(pages, row_len, KEYS).reader_asks_ahead() {
-        let mut d = 0;
         for (slot, row) in rows.clone().enumerate() {
             // The row's bytes RUN_AHEAD on, asked for `step` bytes at a time beside each 16
             // values' loads (none past the run's end). Asked for per row as a chunk, with the
@@ -205,7 +206,7 @@ unsafe fn dots<B: Elem, const R: usize, const K: usize>(
             unsafe {
                 let b = run.as_ptr().add(row * row_len);
                 let (mut s0, mut s1) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
-                d = 0;
+                let mut d = 0;
                 while d + 16 <= k {
                     if let Some(ahead) = ahead {
                         crate::x86::prefetch_l2(ahead.wrapping_add(d / 16 * step), 1);
@@ -218,12 +219,11 @@ unsafe fn dots<B: Elem, const R: usize, const K: usize>(
                     }
                     d += 16;
                 }
-                if d + 8 <= k {
+                if d < full {
                     let x0 = B::load8(b, d, B::scale(b, d));
                     for r in 0..R {
                         s0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(r * k + d)), x0, s0[r]);
                     }
-                    d += 8;
                 }
                 for r in 0..R {
                     lanes[r][slot] = _mm256_add_ps(s0[r], s1[r]);
@@ -231,12 +231,12 @@ unsafe fn dots<B: Elem, const R: usize, const K: usize>(
             }
         }
         // SAFETY: outputs (r, j + slot) for r < R and the chunk's rows; the scalar tail reads
-        // values d .. k of those rows and of the query rows (the contract).
+        // values full .. k of those rows and of the query rows (the contract).
         unsafe {
             for (r, lanes) in lanes.iter().enumerate() {
                 let sums = hsum8(lanes);
                 let o = out.add(r * ldo + j);
-                if rows.len() == KEYS && d == k {
+                if rows.len() == KEYS && full == k {
                     _mm256_storeu_ps(o, sums);
                     continue;
                 }
@@ -244,7 +244,7 @@ unsafe fn dots<B: Elem, const R: usize, const K: usize>(
                 _mm256_storeu_ps(each.as_mut_ptr(), sums);
                 for (slot, row) in rows.clone().enumerate() {
                     let (b, mut s) = (run.as_ptr().add(row * row_len), each[slot]);
-                    for t in d..k {
+                    for t in full..k {
                         s += *a.add(r * k + t) * B::value(b, t);
                     }
                     *o.add(slot) = s;
