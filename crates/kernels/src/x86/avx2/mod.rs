@@ -29,7 +29,7 @@ pub(crate) const TABLE: Table = Table {
     },
     pack: crate::pack::Packer::for_type,
     batch_rows: matmul::batch_rows,
-    shrinking: (2, 32),
+    shrinking: (1, 32),
     rms_norm: ops::rms_norm,
     softmax: ops::softmax,
     silu_mul: ops::silu_mul,
