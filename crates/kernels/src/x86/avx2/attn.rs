@@ -296,7 +296,13 @@ fn gemm_nn_acc_impl<B: Elem>(a: &[f32], lda: usize, pages: &[&[B::E]], n: usize,
     let kk: usize = pages.iter().map(|p| p.len() / B::row_len(n)).sum();
     assert!(m == 0 || ((m - 1) * lda + kk <= a.len() && m * n <= out.len()));
     let (row_len, full) = (B::row_len(n), n / 8 * 8);
-    for RunChunk { run, rows, j } in RunChunks::new(pages, row_len, PIECE) {
+    let row_bytes = row_len * std::mem::size_of::<B::E>();
+    for RunChunk { run, rows, j } in RunChunks::new(pages, row_len, PIECE).reader_asks_ahead() {
+        // The next piece of this run, asked for a line or two beside each row the passes over
+        // this one read, in the order it lies; past the run's end, this piece (a no-op).
+        let base = run.as_ptr() as *const u8;
+        let next = if rows.end < run.len() / row_len { rows.end } else { rows.start };
+        let ahead = Ahead { at: base.wrapping_add(next * row_bytes), bytes: rows.len() * row_bytes };
         let mut i = 0;
         while i < m {
             let r = (m - i).min(4);
@@ -308,11 +314,12 @@ fn gemm_nn_acc_impl<B: Elem>(a: &[f32], lda: usize, pages: &[&[B::E]], n: usize,
                 let (piece, len) = (run.as_ptr().add(rows.start * row_len), rows.len());
                 // Three or four rows take 16 columns a pass, so that their sums, weights
                 // and a value fit the 16 registers (three rows of 32 columns spilled one).
+                let ahead = if i == 0 { ahead } else { Ahead { bytes: 0, ..ahead } };
                 match r {
-                    4 => weigh::<B, 4, 2>(pa, lda, piece, len, row_len, full, po, n),
-                    3 => weigh::<B, 3, 2>(pa, lda, piece, len, row_len, full, po, n),
-                    2 => weigh::<B, 2, 4>(pa, lda, piece, len, row_len, full, po, n),
-                    _ => weigh::<B, 1, 4>(pa, lda, piece, len, row_len, full, po, n),
+                    4 => weigh::<B, 4, 2>(pa, lda, piece, len, row_len, full, po, n, ahead),
+                    3 => weigh::<B, 3, 2>(pa, lda, piece, len, row_len, full, po, n, ahead),
+                    2 => weigh::<B, 2, 4>(pa, lda, piece, len, row_len, full, po, n, ahead),
+                    _ => weigh::<B, 1, 4>(pa, lda, piece, len, row_len, full, po, n, ahead),
                 }
             }
             i += r;
@@ -346,23 +353,37 @@ unsafe fn weigh<B: Elem, const R: usize, const V: usize>(
     full: usize,
     o: *mut f32,
     n: usize,
+    ahead: Ahead,
 ) {
     let mut c0 = 0;
+    let passes = full.div_ceil(8 * V);
+    // Bytes of the next piece each pass asks for, and each of its rows.
+    let per_pass = ahead.bytes.div_ceil(passes.max(1));
+    let per_row = per_pass.div_ceil(rows.max(1));
+    let mut at = ahead.at;
     // SAFETY: columns c0 .. c0 + 8·V ≤ full, or the fewer vectors left below it (the contract);
     // c0 is a multiple of 8·V, so with V ≤ 4 the vectors of a pass lie in one Q8_0 block.
     unsafe {
         while c0 + 8 * V <= full {
-            columns::<B, R, V>(p, lda, b, rows, row_len, c0, o, n);
+            columns::<B, R, V>(p, lda, b, rows, row_len, c0, o, n, at, per_row);
             c0 += 8 * V;
+            at = at.wrapping_add(per_pass);
         }
         // The sums stay in registers only where the number of vectors is a constant.
         match (full - c0) / 8 {
             0 => {}
-            1 => columns::<B, R, 1>(p, lda, b, rows, row_len, c0, o, n),
-            2 => columns::<B, R, 2>(p, lda, b, rows, row_len, c0, o, n),
-            _ => columns::<B, R, 3>(p, lda, b, rows, row_len, c0, o, n),
+            1 => columns::<B, R, 1>(p, lda, b, rows, row_len, c0, o, n, at, per_row),
+            2 => columns::<B, R, 2>(p, lda, b, rows, row_len, c0, o, n, at, per_row),
+            _ => columns::<B, R, 3>(p, lda, b, rows, row_len, c0, o, n, at, per_row),
         }
     }
+}
+
+/// Bytes for a reader to ask for while it works (none when `bytes` is 0).
+#[derive(Clone, Copy)]
+struct Ahead {
+    at: *const u8,
+    bytes: usize,
 }
 
 /// Columns `c0 .. c0 + 8·V` of [`weigh`].
@@ -380,6 +401,8 @@ unsafe fn columns<B: Elem, const R: usize, const V: usize>(
     c0: usize,
     o: *mut f32,
     n: usize,
+    ahead: *const u8,
+    per_row: usize,
 ) {
     // SAFETY: columns c0 .. c0 + 8·V of R output rows, of every value row; R weights per
     // value row (the contract).
@@ -391,6 +414,9 @@ unsafe fn columns<B: Elem, const R: usize, const V: usize>(
             }
         }
         for j in 0..rows {
+            if per_row > 0 {
+                crate::x86::prefetch_l2(ahead.wrapping_add(j * per_row), 1);
+            }
             let row = b.add(j * row_len);
             let sc = B::scale(row, c0);
             let mut w = [_mm256_setzero_ps(); R];
