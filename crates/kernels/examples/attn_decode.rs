@@ -10,6 +10,9 @@
 //! q8_0 attention at 4,096 positions took 6–10 % longer in superblocks of 64 than in one run
 //! (runs of 128 or 256 blocks: as one run; of 4 blocks: 25 % longer), one thread or two.
 //!
+//! `PART=s` times the scores (and softmax) alone, `PART=v` the softmax and weighted values
+//! alone: which of the two products reads the cache slower than the memory allows.
+//!
 //! With `q8_0` as the fourth argument the cache holds Q8_0 blocks (34 bytes per 32 values) and
 //! the queries are rounded to Q8_0 for the scores, as the model does.
 //!
@@ -31,6 +34,8 @@ fn main() {
     let layers: usize = arg(3).and_then(|s| s.parse().ok()).unwrap_or(28);
     let scattered = std::env::var("SCATTERED").is_ok_and(|v| v == "1");
     let superblocks = std::env::var("SUPER").ok().and_then(|v| v.parse::<usize>().ok()).filter(|&n| n > 0);
+    let part = std::env::var("PART").unwrap_or_default();
+    let (scores_too, values_too) = (part != "v", part != "s");
     let q8 = arg(4).is_some_and(|s| s == "q8_0");
     let tier = arg(5).map_or(KernelTier::best(), |s| s.parse().unwrap());
     // Query heads per kv head: 2 for the 1.7B shape, 4 for the 8B shape.
@@ -107,7 +112,8 @@ fn main() {
                             (Pages::F16(&k16), Pages::F16(&v16))
                         };
                         let qh = &q[h * group * D..][..group * D];
-                        if let Pages::Q8_0(runs) = keys {
+                        if !scores_too {
+                        } else if let Pages::Q8_0(runs) = keys {
                             let mut q8 = vec![0u8; group * row8];
                             k.quantize_q8_0(qh, &mut q8);
                             k.scores_q8_0(&q8, runs, D, scores, depth);
@@ -121,7 +127,9 @@ fn main() {
                             k.round_f16(row);
                         }
                         o.fill(0.0);
-                        k.gemm_nn_acc_pages(scores, depth, values, D, o);
+                        if values_too {
+                            k.gemm_nn_acc_pages(scores, depth, values, D, o);
+                        }
                         // SAFETY: head h's row is this unit's alone.
                         unsafe { outs.row(h) }.copy_from_slice(o);
                     }

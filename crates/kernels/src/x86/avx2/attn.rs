@@ -9,6 +9,14 @@
 //! four query rows per key row for the scores; for `P·V`, up to four output rows per value
 //! row, over pieces of a run short enough to stay in L1 while every column range of every
 //! output row reads them.
+//!
+//! `P·V` reads a piece column range by column range, so each pass touches one line of every
+//! row: the hardware's prefetchers do not follow that from memory, and a burst of requests at
+//! the piece's start (half of them for the piece itself) did little better. So each row of a
+//! pass asks for a line or two of the next piece, in the order the piece lies, and the piece is
+//! in L2 before its first pass. On Zen 2, two threads, decode attention at 4,096 positions
+//! (`examples/attn_decode`, f16): 23.0 → 18.2 ms a token with two query heads per kv head, 25.2
+//! → 17.8 with four; q8_0 18.7 → 13.7 and 25.6 → 20.5.
 
 use std::arch::x86_64::*;
 
