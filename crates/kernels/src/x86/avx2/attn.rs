@@ -307,7 +307,9 @@ fn gemm_nn_acc_impl<B: Elem>(a: &[f32], lda: usize, pages: &[&[B::E]], n: usize,
     let row_bytes = row_len * std::mem::size_of::<B::E>();
     for RunChunk { run, rows, j } in RunChunks::new(pages, row_len, PIECE).reader_asks_ahead() {
         // The next piece of this run, asked for a line or two beside each row the passes over
-        // this one read, in the order it lies; past the run's end, this piece (a no-op).
+        // this one read, in the order it lies (as long as this one: past a short last piece,
+        // a few KiB of whatever follows it in the pool); at the run's end, this piece again
+        // (lines already read). The next run's start is asked for as this run begins.
         let base = run.as_ptr() as *const u8;
         let next = if rows.end < run.len() / row_len { rows.end } else { rows.start };
         let ahead = Ahead { at: base.wrapping_add(next * row_bytes), bytes: rows.len() * row_bytes };
@@ -345,7 +347,9 @@ fn gemm_nn_acc_impl<B: Elem>(a: &[f32], lda: usize, pages: &[&[B::E]], n: usize,
 
 /// Columns `0 .. full` of `R` output rows (at `o`, `n` apart) plus the `rows` value rows at `b`
 /// (`row_len` elements apart) weighted by the `R` rows of weights at `p` (`lda` apart), `8·V`
-/// columns (with V = 4, one Q8_0 block) at a time in registers.
+/// columns (with V = 4, one Q8_0 block) at a time in registers. Meanwhile it asks for the bytes
+/// of `ahead` into L2, an equal share in each pass, spread over its rows (asking reads nothing
+/// into the program, wherever it points).
 ///
 /// # Safety
 /// `R` rows of at least `full` outputs at `o` and of `rows` weights at `p`; `rows` whole rows at
