@@ -16,12 +16,15 @@
 //! pass asks for a line or two of the next piece, in the order the piece lies, and the piece is
 //! in L2 before its first pass. On Zen 2, two threads, decode attention at 4,096 positions
 //! (`examples/attn_decode`, f16): 23.0 → 18.2 ms a token with two query heads per kv head, 25.2
-//! → 17.8 with four; q8_0 18.7 → 13.7 and 25.6 → 20.5.
+//! → 17.8 with four; q8_0 18.7 → 13.7 and 25.6 → 20.5. Each row of a pass also asks for its
+//! line of the next pass into L1, and the scores ask for the key rows only [`ROW_AHEAD`]
+//! bytes ahead, two rows at a time where there are one or two query rows: with two query
+//! heads per kv head, f16, 18.5 → 16.4 ms a token (four: the same, bound by the fmas).
 
 use std::arch::x86_64::*;
 
 use crate::dispatch::Pages;
-use crate::x86::{RUN_AHEAD, RunChunk, RunChunks};
+use crate::x86::{RunChunk, RunChunks};
 
 /// How the rows of a run are stored.
 trait Elem {
@@ -48,6 +51,11 @@ trait Elem {
     /// # Safety
     /// The 8 values lie in the row, in one block; AVX2 and F16C are present.
     unsafe fn load8(row: *const Self::E, d: usize, scale: __m256) -> __m256;
+
+    /// Where value `d` lies in a row, in bytes from its start.
+    fn byte_of(d: usize) -> usize {
+        d * std::mem::size_of::<Self::E>()
+    }
 
     /// Value `d` of the row at `row`, as f32.
     ///
@@ -94,6 +102,10 @@ struct Q8;
 
 impl Elem for Q8 {
     type E = u8;
+
+    fn byte_of(d: usize) -> usize {
+        d / 32 * 34 + 2 + d % 32
+    }
 
     fn row_len(k: usize) -> usize {
         k / 32 * 34
@@ -172,6 +184,18 @@ fn gemm_nt_impl<B: Elem>(a: &[f32], pages: &[&[B::E]], k: usize, out: &mut [f32]
 /// Key rows whose sums across lanes are taken together (see [`hsum8`]).
 const KEYS: usize = 8;
 
+/// Bytes ahead of the key row being read that the scores ask for (five rows of 128 halves).
+/// On Zen 2 this loop's work over a 512 MiB stream (`examples/prefetch_distance`) read at the
+/// machine's streaming speed, 34.5–35 GB/s on two cores, asking 0.5–1.25 KiB ahead, and 28–31
+/// asking 1.5–8 KiB ahead. Presumably the hardware's streamer has brought such close lines into
+/// L2 and the ask moves them on to L1, where from farther ahead each ask waits on memory in one
+/// of the core's few miss buffers. Decode scores at 4,096 positions (`attn_decode`, two
+/// threads, two query heads per kv head): 9.1 → 7.5 ms a token from 4 KiB to this. (Earlier
+/// tries at 2–16 KiB, all past that window, measured the same as 4.) Asking for a row's bytes
+/// as a chunk, with the arithmetic that cuts them at the run's end, took nearly as long as the
+/// rest of the scores from L2; asking for nothing read 5 % slower from memory.
+const ROW_AHEAD: usize = 1280;
+
 /// `R` query rows at `a` against every row of the runs, into `R` rows of `out`: per pair, the
 /// recipe of `dot_f32` (two accumulators over chunks of 16, one more chunk of 8 into the first,
 /// their sum's `hsum`, then the scalar tail). The sums across lanes are taken for eight key
@@ -202,41 +226,27 @@ unsafe fn dots<B: Elem, const R: usize, const K: usize>(
     // SAFETY: register operations only (AVX, the contract).
     let mut lanes = [[unsafe { _mm256_setzero_ps() }; KEYS]; R];
     for RunChunk { run, rows, j } in RunChunks::new(pages, row_len, KEYS).reader_asks_ahead() {
-        for (slot, row) in rows.clone().enumerate() {
-            // The row's bytes RUN_AHEAD on, asked for `step` bytes at a time beside each 16
-            // values' loads (none past the run's end). Asked for per row as a chunk, with the
-            // arithmetic that cuts them at the run's end, they took nearly as long as the rest
-            // of the scores from L2 on Zen 2; from memory, asking for nothing read 5 % slower.
-            let ahead = ((row + 1) * row_bytes + RUN_AHEAD <= std::mem::size_of_val(run))
-                .then(|| (run.as_ptr() as *const u8).wrapping_add(row * row_bytes + RUN_AHEAD));
-            // SAFETY: the chunk's row of the run, values below k; query values below k of R
+        let mut slot = 0;
+        while slot < rows.len() {
+            let row = rows.start + slot;
+            // Two key rows at a time where the registers allow (R ≤ 2: eight sums and four
+            // widened vectors): twice the independent chains of fmas per query load.
+            let keys = if R <= 2 && slot + 1 < rows.len() { 2 } else { 1 };
+            // The rows' bytes ROW_AHEAD on, asked for `step` bytes at a time beside each 16
+            // values' loads (none past the run's end).
+            let ahead = ((row + keys) * row_bytes + ROW_AHEAD <= std::mem::size_of_val(run))
+                .then(|| (run.as_ptr() as *const u8).wrapping_add(row * row_bytes + ROW_AHEAD));
+            // SAFETY: the chunk's rows of the run, values below k; query values below k of R
             // rows (the contract).
             unsafe {
                 let b = run.as_ptr().add(row * row_len);
-                let (mut s0, mut s1) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
-                let mut d = 0;
-                while d + 16 <= k {
-                    if let Some(ahead) = ahead {
-                        crate::x86::prefetch_l2(ahead.wrapping_add(d / 16 * step), 1);
-                    }
-                    let sc = B::scale(b, d);
-                    let (x0, x1) = (B::load8(b, d, sc), B::load8(b, d + 8, sc));
-                    for r in 0..R {
-                        s0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(r * k + d)), x0, s0[r]);
-                        s1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(r * k + d + 8)), x1, s1[r]);
-                    }
-                    d += 16;
-                }
-                if d < full {
-                    let x0 = B::load8(b, d, B::scale(b, d));
-                    for r in 0..R {
-                        s0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(r * k + d)), x0, s0[r]);
-                    }
-                }
-                for r in 0..R {
-                    lanes[r][slot] = _mm256_add_ps(s0[r], s1[r]);
+                if keys == 2 {
+                    key_sums::<B, R, 2>(a, k, [b, b.add(row_len)], row_bytes, step, ahead, &mut lanes, slot);
+                } else {
+                    key_sums::<B, R, 1>(a, k, [b], row_bytes, step, ahead, &mut lanes, slot);
                 }
             }
+            slot += keys;
         }
         // SAFETY: outputs (r, j + slot) for r < R and the chunk's rows; the scalar tail reads
         // values full .. k of those rows and of the query rows (the contract).
@@ -257,6 +267,70 @@ unsafe fn dots<B: Elem, const R: usize, const K: usize>(
                     }
                     *o.add(slot) = s;
                 }
+            }
+        }
+    }
+}
+
+/// The lane sums of `R` query rows at `a` against the `P` key rows at `b` (before the scalar
+/// tail), into `lanes[r][slot + p]`: per pair, two accumulators over chunks of 16 and one more
+/// chunk of 8 into the first, then their sum. The rows' bytes at `ahead` (`row_bytes` apart)
+/// are asked for `step` bytes per 16 values.
+///
+/// # Safety
+/// `R` rows of `k` at `a`; `P` rows of `k` values at `b`; `slot + P ≤ KEYS`; AVX2, FMA and
+/// F16C.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn key_sums<B: Elem, const R: usize, const P: usize>(
+    a: *const f32,
+    k: usize,
+    b: [*const B::E; P],
+    row_bytes: usize,
+    step: usize,
+    ahead: Option<*const u8>,
+    lanes: &mut [[__m256; KEYS]; R],
+    slot: usize,
+) {
+    // SAFETY: values below k of the query and key rows (the contract).
+    unsafe {
+        let (mut s0, mut s1) = ([[_mm256_setzero_ps(); P]; R], [[_mm256_setzero_ps(); P]; R]);
+        let mut d = 0;
+        while d + 16 <= k {
+            if let Some(ahead) = ahead {
+                for p in 0..P {
+                    crate::x86::prefetch_l2(ahead.wrapping_add(p * row_bytes + d / 16 * step), 1);
+                }
+            }
+            let mut x = [[_mm256_setzero_ps(); 2]; P];
+            for p in 0..P {
+                let sc = B::scale(b[p], d);
+                x[p] = [B::load8(b[p], d, sc), B::load8(b[p], d + 8, sc)];
+            }
+            for r in 0..R {
+                let q0 = _mm256_loadu_ps(a.add(r * k + d));
+                for p in 0..P {
+                    s0[r][p] = _mm256_fmadd_ps(q0, x[p][0], s0[r][p]);
+                }
+                let q1 = _mm256_loadu_ps(a.add(r * k + d + 8));
+                for p in 0..P {
+                    s1[r][p] = _mm256_fmadd_ps(q1, x[p][1], s1[r][p]);
+                }
+            }
+            d += 16;
+        }
+        if d + 8 <= k {
+            let x: [__m256; P] = std::array::from_fn(|p| B::load8(b[p], d, B::scale(b[p], d)));
+            for r in 0..R {
+                let q0 = _mm256_loadu_ps(a.add(r * k + d));
+                for p in 0..P {
+                    s0[r][p] = _mm256_fmadd_ps(q0, x[p], s0[r][p]);
+                }
+            }
+        }
+        for r in 0..R {
+            for p in 0..P {
+                lanes[r][slot + p] = _mm256_add_ps(s0[r][p], s1[r][p]);
             }
         }
     }
@@ -430,6 +504,10 @@ unsafe fn columns<B: Elem, const R: usize, const V: usize>(
                 crate::x86::prefetch_l2(ahead.wrapping_add(j * per_row), 1);
             }
             let row = b.add(j * row_len);
+            // The line of this row that the next pass reads, into L1 now: the piece is in L2
+            // by then, and each pass would otherwise wait on a line of every row (f16 `P·V` of
+            // decode at 4,096 positions on Zen 2: 10.4 → 9.6 ms a token).
+            _mm_prefetch::<_MM_HINT_T0>((row as *const i8).wrapping_add(B::byte_of(c0 + 8 * V)));
             let sc = B::scale(row, c0);
             let mut w = [_mm256_setzero_ps(); R];
             for (r, w) in w.iter_mut().enumerate() {
