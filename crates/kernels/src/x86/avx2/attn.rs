@@ -125,7 +125,7 @@ impl Elem for Q8 {
     unsafe fn load8(row: *const u8, d: usize, scale: __m256) -> __m256 {
         // SAFETY: the 8 values (bytes) lie in one block of the row (the contract); AVX2.
         unsafe {
-            let q = _mm_loadl_epi64(row.add(d / 32 * 34 + 2 + d % 32) as *const __m128i);
+            let q = _mm_loadl_epi64(row.add(Self::byte_of(d)) as *const __m128i);
             _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), scale)
         }
     }
@@ -320,7 +320,10 @@ unsafe fn key_sums<B: Elem, const R: usize, const P: usize>(
             d += 16;
         }
         if d + 8 <= k {
-            let x: [__m256; P] = std::array::from_fn(|p| B::load8(b[p], d, B::scale(b[p], d)));
+            let mut x = [_mm256_setzero_ps(); P];
+            for p in 0..P {
+                x[p] = B::load8(b[p], d, B::scale(b[p], d));
+            }
             for r in 0..R {
                 let q0 = _mm256_loadu_ps(a.add(r * k + d));
                 for p in 0..P {
