@@ -3,14 +3,17 @@
 //! out summed into one vector, one key per lane, so that the scales cost one conversion and
 //! three float operations per query, block and eight keys.
 //!
-//! Keys and queries are widened to 16 bits once (a group of eight keys is shared by every
-//! query of the kv head), and a block's dot is two `vpmaddwd` and an add. On Zen 4 (and 3)
-//! the byte multiply-add `vpmaddubsw`, the `vpsignb` it needs for signed keys and `vpmaddwd`
-//! all go to the same two pipes: three of them per query, key and block were the bound, two
-//! are now. The eight vectors of a block are summed across their lanes by unpacks and adds,
-//! which run beside them, not by `vphaddd` (one every two cycles there). Before this, each
-//! query and key took the scales per block and a sum across lanes of its own: 9.4 GB/s from
-//! L2 with the two queries of a 1.7B-shape kv head on Zen 4.
+//! A block's dot is `vpmaddubsw` of the key's absolute values by the query's bytes given the
+//! key's signs, then `vpmaddwd` by ones: exact, as `|k| ≤ 128` and `|q| ≤ 127` keep a pair's
+//! sum below 2¹⁵. The keys go from the cache into registers, each load serving two queries of
+//! the kv head ([`QUERIES`]). Before, each group of eight keys was first widened to 16 bits
+//! into a buffer and read back for two `vpmaddwd` a query: as many multiply-adds on the one
+//! pipe that runs them on Zen 2 (and 3 and 4), but the widening and its stores and loads
+//! took as long again. Zen 2, one thread, from L2 (`attn_speed`): one query 15.7 → 22.1 GB/s,
+//! two 11.3 → 15.3, four 7.2 → 8.4; decode scores at 4,096 positions on two threads
+//! (`attn_decode`, with [`CHUNK_AHEAD`]): 7.9 → 6.7 ms a token with two query heads a kv
+//! head, 11.4 → 10.0 with four. The eight vectors of a block are summed across their lanes
+//! by unpacks and adds, which run beside them, not by `vphaddd` (one every two cycles there).
 //!
 //! A score is `Σ_b (d_qb · d_kb) · float(I_b)`, the blocks added in order by a separate
 //! multiply and add, the scalar reference's operations to the bit.
@@ -25,83 +28,75 @@ const MAX_BLOCKS: usize = crate::dispatch::MAX_HEAD / 32;
 /// Keys taken together: one per lane of a vector of f32.
 const KEYS: usize = 8;
 
-/// A group of up to [`KEYS`] key rows as the queries read them: their blocks' values widened
-/// to 16 bits, and their scales.
-struct Group {
-    /// Key l's block b at `wide[b][l]`.
-    wide: [[[i16; 32]; KEYS]; MAX_BLOCKS],
-    /// Block b's scales, key l in lane l.
-    scales: [[f32; KEYS]; MAX_BLOCKS],
+/// Bytes past a chunk of keys that it asks for into L1 as it begins. On Zen 2 (decode scores
+/// at 4,096 positions, two threads, two query heads a kv head, `attn_decode`): asked into L1
+/// 1 KiB ahead 6.6–6.8 ms a token; into L2 1 KiB ahead 7.2–7.3, 4 KiB ahead 7.1–7.3 as this
+/// loop asked and 7.9–8.0 as the run walker asked (its own distance, what this kernel did
+/// before), 512 bytes 7.2–7.3; not at all 7.4–7.6. Into L1 640 bytes to 1.5 KiB ahead were
+/// alike, 2 KiB 7.1 again; into L2 8 or 16 KiB ahead beside L1 1 KiB ahead 7.6–7.9.
+const CHUNK_AHEAD: usize = 1024;
+
+/// Query rows scored together: each key load serves both, and their eight sums fill half the
+/// registers. Four at a time spilled: with the 8B shape's four query heads a kv head, 7.6 GB/s
+/// from L2 on Zen 2 (one thread), two pairs 8.4.
+const QUERIES: usize = 2;
+
+/// The scales of block `b` of the eight keys at `at`, key l in lane l.
+///
+/// # Safety
+/// Every `at[l]` is a row of more than `b` blocks; AVX2 and F16C.
+#[inline(always)]
+unsafe fn key_scales(at: &[*const u8; KEYS], b: usize) -> __m256 {
+    // SAFETY: a block's first two bytes are its scale (the contract).
+    unsafe {
+        let s = |l: usize| (at[l].add(34 * b) as *const i16).read_unaligned();
+        _mm256_cvtph_ps(_mm_setr_epi16(s(0), s(1), s(2), s(3), s(4), s(5), s(6), s(7)))
+    }
 }
 
-impl Group {
-    /// The group of rows `keys .. keys + live·row` (the last live row repeated past `live`).
-    ///
-    /// # Safety
-    /// `1 ≤ live ≤ KEYS` whole rows of `nb ≤ MAX_BLOCKS` blocks at `keys`; AVX2 and F16C.
-    #[inline(always)]
-    unsafe fn fill(&mut self, keys: *const u8, live: usize, nb: usize) {
-        // SAFETY: the contract: rows l.min(live - 1) < live, blocks b < nb of 34 bytes each.
-        unsafe {
-            for b in 0..nb {
-                let mut half = [0u16; KEYS];
-                for (l, half) in half.iter_mut().enumerate() {
-                    let block = keys.add(l.min(live - 1) * nb * 34 + 34 * b);
-                    *half = (block as *const u16).read_unaligned();
-                    widen(block.add(2), self.wide[b][l].as_mut_ptr());
+/// The scores of `R` query rows (blocks of 32 bytes at `q`, a row `32·nb` bytes after the one
+/// before; their scales at `dq`, `nb` a row) against the eight key rows at `at`, key l in
+/// lane l.
+///
+/// # Safety
+/// Every `at[l]` is a row of `nb ≤ MAX_BLOCKS` blocks; `R` rows of `32·nb` bytes at `q` and of
+/// `nb` scales at `dq`; AVX2 and F16C.
+#[inline(always)]
+unsafe fn chunk_scores<const R: usize>(at: &[*const u8; KEYS], q: *const i8, dq: *const f32, nb: usize) -> [__m256; R] {
+    // SAFETY: key l's block b is 34 bytes at `at[l] + 34·b`; query r's block b is 32 bytes at
+    // `q + 32·(nb·r + b)`, its scale at `dq + nb·r + b` (the contract).
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); R];
+        for b in 0..nb {
+            let scales = key_scales(at, b);
+            // halves[h][r]: within each 128-bit half, keys 4h..4h+4's sums for query r.
+            let mut halves = [[_mm256_setzero_si256(); R]; 2];
+            for (h, half) in halves.iter_mut().enumerate() {
+                let mut dots = [[_mm256_setzero_si256(); 4]; R];
+                for l in 0..4 {
+                    let x = _mm256_loadu_si256(at[4 * h + l].add(34 * b + 2) as *const __m256i);
+                    let magnitude = _mm256_abs_epi8(x);
+                    for (r, dots) in dots.iter_mut().enumerate() {
+                        let qv = _mm256_loadu_si256(q.add(32 * (nb * r + b)) as *const __m256i);
+                        let pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(qv, x));
+                        dots[l] = _mm256_madd_epi16(pairs, ones);
+                    }
                 }
-                let d = _mm256_cvtph_ps(_mm_loadu_si128(half.as_ptr() as *const __m128i));
-                _mm256_storeu_ps(self.scales[b].as_mut_ptr(), d);
+                for (half, dots) in half.iter_mut().zip(&dots) {
+                    *half = four_sums(dots);
+                }
             }
-        }
-    }
-
-    /// The scores of a query row (its `nb` blocks widened at `q`, their scales at `dq`) against
-    /// the group, key l in lane l.
-    ///
-    /// # Safety
-    /// `fill` ran with `nb`; `32·nb` values at `q`, `nb` scales at `dq`; AVX2 and F16C.
-    #[inline(always)]
-    unsafe fn scores(&self, q: *const i16, dq: *const f32, nb: usize) -> __m256 {
-        // SAFETY: the contract: blocks b < nb ≤ MAX_BLOCKS, 32 values (two vectors) each.
-        unsafe {
-            let mut acc = _mm256_setzero_ps();
-            for b in 0..nb {
-                let q0 = _mm256_loadu_si256(q.add(32 * b) as *const __m256i);
-                let q1 = _mm256_loadu_si256(q.add(32 * b + 16) as *const __m256i);
-                let mut dots = [_mm256_setzero_si256(); KEYS];
-                for (l, dot) in dots.iter_mut().enumerate() {
-                    let k = self.wide[b][l].as_ptr();
-                    let k0 = _mm256_madd_epi16(_mm256_loadu_si256(k as *const __m256i), q0);
-                    let k1 = _mm256_madd_epi16(_mm256_loadu_si256(k.add(16) as *const __m256i), q1);
-                    *dot = _mm256_add_epi32(k0, k1);
-                }
-                // Within each 128-bit half, keys 0-3 (a) and 4-7 (c): their two halves' sums.
-                let a = four_sums(&dots[..4]);
-                let c = four_sums(&dots[4..]);
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let (a, c) = (halves[0][r], halves[1][r]);
                 let low = _mm256_permute2x128_si256::<0x20>(a, c);
                 let high = _mm256_permute2x128_si256::<0x31>(a, c);
                 let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(low, high));
-                let scale = _mm256_mul_ps(_mm256_set1_ps(*dq.add(b)), _mm256_loadu_ps(self.scales[b].as_ptr()));
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(scale, dot));
+                let scale = _mm256_mul_ps(_mm256_set1_ps(*dq.add(nb * r + b)), scales);
+                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(scale, dot));
             }
-            acc
         }
-    }
-}
-
-/// The 32 bytes at `from` as 32 i16 at `to`.
-///
-/// # Safety
-/// 32 readable bytes at `from`, 64 writable at `to`; AVX2.
-#[inline(always)]
-unsafe fn widen(from: *const u8, to: *mut i16) {
-    // SAFETY: the contract.
-    unsafe {
-        let bytes = _mm256_loadu_si256(from as *const __m256i);
-        _mm256_storeu_si256(to as *mut __m256i, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(bytes)));
-        let high = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(bytes));
-        _mm256_storeu_si256(to.add(16) as *mut __m256i, high);
+        acc
     }
 }
 
@@ -110,15 +105,48 @@ unsafe fn widen(from: *const u8, to: *mut i16) {
 /// in two instructions) takes two cycles on Zen 3 and 4, and it was the kernel's bottleneck.
 ///
 /// # Safety
-/// AVX2; `x` has four vectors.
+/// AVX2.
 #[inline(always)]
-unsafe fn four_sums(x: &[__m256i]) -> __m256i {
+unsafe fn four_sums(x: &[__m256i; 4]) -> __m256i {
     // SAFETY: register operations only (AVX2, the contract).
     unsafe {
         // Per half: [x0 lanes 0+2, x1 lanes 0+2, x0 lanes 1+3, x1 lanes 1+3].
         let pair = |a, b| _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
         let (p, q) = (pair(x[0], x[1]), pair(x[2], x[3]));
         _mm256_add_epi32(_mm256_unpacklo_epi64(p, q), _mm256_unpackhi_epi64(p, q))
+    }
+}
+
+/// Scores of query rows `i .. i + R` against the chunk of keys at `at`, written to columns
+/// `j .. j + live` of those rows of the output.
+///
+/// # Safety
+/// As for [`chunk_scores`] with `q`, `dq` at row i; `live ≤ KEYS` outputs from `i·ldo + j` in
+/// each of the R rows lie in `out`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn write_scores<const R: usize>(
+    at: &[*const u8; KEYS],
+    q: *const i8,
+    dq: *const f32,
+    nb: usize,
+    out: *mut f32,
+    ldo: usize,
+    live: usize,
+) {
+    // SAFETY: the contract.
+    unsafe {
+        let scores = chunk_scores::<R>(at, q, dq, nb);
+        for (r, s) in scores.into_iter().enumerate() {
+            let to = out.add(r * ldo);
+            if live == KEYS {
+                _mm256_storeu_ps(to, s);
+            } else {
+                let mut lanes = [0f32; KEYS];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), s);
+                std::ptr::copy_nonoverlapping(lanes.as_ptr(), to, live);
+            }
+        }
     }
 }
 
@@ -130,36 +158,44 @@ fn scores_impl(q: &[u8], keys: &[&[u8]], k: usize, out: &mut [f32], ldo: usize) 
     let n: usize = keys.iter().map(|r| r.len() / row).sum();
     assert!(m * row <= q.len() && (m == 0 || (m - 1) * ldo + n <= out.len()));
     let scale = |b: &[u8]| crate::formats::f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
-    // The query rows' blocks widened (32 values each, rows side by side) and their scales.
-    let (mut wide, mut dq) = (vec![0i16; m * nb * 32], vec![0f32; m * nb]);
-    for ((blk, w), d) in q[..m * row].chunks_exact(34).zip(wide.chunks_exact_mut(32)).zip(&mut dq) {
+    // The query rows' blocks' bytes (rows side by side) and their scales.
+    let (mut bytes, mut dq) = (vec![0i8; m * nb * 32], vec![0f32; m * nb]);
+    for ((blk, to), d) in q[..m * row].chunks_exact(34).zip(bytes.chunks_exact_mut(32)).zip(&mut dq) {
         *d = scale(blk);
-        // SAFETY: the 32 bytes after the block's scale, into 32 values; AVX2 is enabled on this
-        // function.
-        unsafe { widen(blk.as_ptr().add(2), w.as_mut_ptr()) };
+        for (to, &from) in to.iter_mut().zip(&blk[2..]) {
+            *to = from as i8;
+        }
     }
-    let mut group = Group { wide: [[[0; 32]; KEYS]; MAX_BLOCKS], scales: [[0.0; KEYS]; MAX_BLOCKS] };
-    for RunChunk { run, rows, j } in RunChunks::new(keys, row, KEYS) {
+    for RunChunk { run, rows, j } in RunChunks::new(keys, row, KEYS).reader_asks_ahead() {
+        // The bytes CHUNK_AHEAD past the chunk, up to the run's end, into L1.
+        let (from, to) = (rows.start * row + CHUNK_AHEAD, (rows.end * row + CHUNK_AHEAD).min(run.len()));
+        if from < to {
+            for line in ((from & !63)..to).step_by(64) {
+                // Asking reads nothing into the program, wherever it points.
+                _mm_prefetch::<_MM_HINT_T0>(run.as_ptr().wrapping_add(line) as *const i8);
+            }
+        }
         let live = rows.len();
-        let mut lanes = [0f32; KEYS];
-        // SAFETY: the chunk's keys are whole rows of the run (`Kernels` checked that the run is
-        // whole rows) of nb ≤ MAX_BLOCKS blocks; rows i < m of `wide` and `dq` hold nb blocks
-        // each; outputs i·ldo + j + l for l < live are below (m - 1)·ldo + n (asserted); AVX2
-        // and F16C are enabled on this function.
-        unsafe {
-            group.fill(run.as_ptr().add(rows.start * row), live, nb);
-            for i in 0..m {
-                let s = group.scores(wide.as_ptr().add(i * nb * 32), dq.as_ptr().add(i * nb), nb);
-                let to = out.as_mut_ptr().add(i * ldo + j);
-                if live == KEYS {
-                    _mm256_storeu_ps(to, s);
+        // SAFETY: the chunk's keys are whole rows of the run (`Kernels` checked that the run
+        // is whole rows), the last repeated past `live`.
+        let at: [*const u8; KEYS] =
+            std::array::from_fn(|l| unsafe { run.as_ptr().add((rows.start + l.min(live - 1)) * row) });
+        let mut i = 0;
+        while i < m {
+            let r = (m - i).min(QUERIES);
+            // SAFETY: rows i .. i + r < m of `bytes` and `dq` hold nb blocks each; outputs
+            // (i + r')·ldo + j + l for l < live are below (m - 1)·ldo + n (asserted); the keys
+            // as above; AVX2 and F16C are enabled on this function.
+            unsafe {
+                let (qi, di, o) =
+                    (bytes.as_ptr().add(i * nb * 32), dq.as_ptr().add(i * nb), out.as_mut_ptr().add(i * ldo + j));
+                if r == 2 {
+                    write_scores::<2>(&at, qi, di, nb, o, ldo, live)
                 } else {
-                    _mm256_storeu_ps(lanes.as_mut_ptr(), s);
-                    for (l, &x) in lanes.iter().take(live).enumerate() {
-                        *to.add(l) = x;
-                    }
+                    write_scores::<1>(&at, qi, di, nb, o, ldo, live)
                 }
             }
+            i += r;
         }
     }
 }
