@@ -5,7 +5,8 @@
 //!
 //! A block's dot is `vpmaddubsw` of the key's absolute values by the query's bytes given the
 //! key's signs, then `vpmaddwd` by ones: exact, as `|k| ≤ 128` and `|q| ≤ 127` keep a pair's
-//! sum below 2¹⁵. The keys go from the cache into registers, each load serving two queries of
+//! sum below 2¹⁵ (queries from elsewhere with a byte of -128 take the scalar reference). The
+//! keys go from the cache into registers, each load serving two queries of
 //! the kv head ([`QUERIES`]). Before, each group of eight keys was first widened to 16 bits
 //! into a buffer and read back for two `vpmaddwd` a query: as many multiply-adds on the one
 //! pipe that runs them on Zen 2 (and 3 and 4), but the widening and its stores and loads
@@ -201,8 +202,61 @@ fn scores_impl(q: &[u8], keys: &[&[u8]], k: usize, out: &mut [f32], ldo: usize) 
 }
 
 pub(crate) fn scores_q8_0(q: &[u8], keys: &[&[u8]], k: usize, out: &mut [f32], ldo: usize) {
+    // A query byte of -128 (which `quantize_q8_0` never makes) would overflow the sign trick.
+    if q.chunks_exact(34).any(|blk| blk[2..].contains(&0x80)) {
+        return crate::scalar::ops::scores_q8_0(q, keys, k, out, ldo);
+    }
     // SAFETY: the AVX2 table (the only caller) is built only when the CPU reports AVX2, FMA and
     // F16C (`KernelTier::is_available`); `Kernels::scores_q8_0` checked that every row is whole
     // blocks, and the kernel asserts that its outputs lie in `out`.
     unsafe { scores_impl(q, keys, k, out, ldo) }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::tier::KernelTier;
+
+    /// Every byte value in keys and queries, -128 too (which the quantizer never makes), gives
+    /// the scalar reference's bits: in the keys through the kernel, in a query by its fallback.
+    #[test]
+    fn every_byte_value_gives_the_reference_bits() {
+        if !KernelTier::Avx2.is_available() {
+            return;
+        }
+        let (k, m, n) = (64, 3, 19);
+        let row = k / 32 * 34;
+        let mut seed = 0x9e37_79b9u32;
+        let mut byte = move || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 24) as u8
+        };
+        let mut rows = |count: usize, no_min: bool| -> Vec<u8> {
+            let mut v: Vec<u8> = (0..count * row).map(|_| byte()).collect();
+            for (i, b) in v.iter_mut().enumerate() {
+                match i % 34 {
+                    // A finite scale: 2^-3 .. 2 with a varying mantissa.
+                    0 => *b = (i / 34 % 251) as u8,
+                    1 => *b = 0x30 + (i / 34 % 12) as u8,
+                    _ if no_min && *b == 0x80 => *b = 0x81,
+                    _ => {}
+                }
+            }
+            v
+        };
+        let keys = rows(n, false);
+        assert!(keys.chunks_exact(34).any(|b| b[2..].contains(&0x80)), "the keys hold -128");
+        let runs: [&[u8]; 2] = [&keys[..8 * row], &keys[8 * row..]];
+        for no_min in [true, false] {
+            let mut q = rows(m, no_min);
+            if !no_min {
+                q[2] = 0x80;
+            }
+            let ldo = n + 1;
+            let (mut got, mut want) = (vec![0f32; m * ldo], vec![0f32; m * ldo]);
+            super::scores_q8_0(&q, &runs, k, &mut got, ldo);
+            crate::scalar::ops::scores_q8_0(&q, &runs, k, &mut want, ldo);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "queries without -128: {no_min}");
+        }
+    }
 }
