@@ -62,6 +62,11 @@ trait Elem {
     /// # Safety
     /// Value `d` lies in the row.
     unsafe fn value(row: *const Self::E, d: usize) -> f32;
+
+    /// Rows a `P·V` piece takes for `m` output rows.
+    fn piece(_m: usize) -> usize {
+        PIECE
+    }
 }
 
 impl Elem for f32 {
@@ -93,6 +98,10 @@ impl Elem for u16 {
     unsafe fn value(row: *const u16, d: usize) -> f32 {
         // SAFETY: value `d` lies in the row (the contract).
         crate::formats::f16_to_f32(unsafe { *row.add(d) })
+    }
+
+    fn piece(m: usize) -> usize {
+        if m <= 2 { FEW_ROWS_PIECE } else { PIECE }
     }
 }
 
@@ -372,6 +381,16 @@ unsafe fn hsum8(v: &[__m256; KEYS]) -> __m256 {
 /// rows of 128: they stay in L1 between the passes).
 const PIECE: usize = 32;
 
+/// Rows of a piece of f16 rows for one or two output rows, whose passes are light on
+/// arithmetic: each pass waits less on the piece's lines when a piece is 2 KiB. On Zen 2, two
+/// threads, `P·V` of decode at 4,096 positions (`attn_decode`, `PART=v`, runs of 1,024
+/// positions): one query head a kv head 10.3 → 8.6–8.9 ms a token, two 9.7–9.8 → 8.1–8.4, though
+/// from L3 (one layer) they take 5–10 % longer than in pieces of 32. Three or four query rows
+/// (16 columns a pass, twice the passes) are bound by their fmas: 8 rows made four 5 % slower,
+/// three the same; the q8_0 rows' passes, bound by their widening, were slower with every
+/// smaller piece (two rows: 6.8–6.9 ms at 32, 7.2 at 12, 7.6 at 8).
+const FEW_ROWS_PIECE: usize = 8;
+
 /// `out_i += Σ_j a[i·lda + j] · b_j` over the rows of all runs (`out` is m × n), each output
 /// lane as this tier's `gemm_nn_acc` takes it: an fma per row j in order, zero weights too, and
 /// the columns past the last multiple of 8 by scalar sums added at the end.
@@ -382,7 +401,7 @@ fn gemm_nn_acc_impl<B: Elem>(a: &[f32], lda: usize, pages: &[&[B::E]], n: usize,
     assert!(m == 0 || ((m - 1) * lda + kk <= a.len() && m * n <= out.len()));
     let (row_len, full) = (B::row_len(n), n / 8 * 8);
     let row_bytes = row_len * std::mem::size_of::<B::E>();
-    for RunChunk { run, rows, j } in RunChunks::new(pages, row_len, PIECE).reader_asks_ahead() {
+    for RunChunk { run, rows, j } in RunChunks::new(pages, row_len, B::piece(m)).reader_asks_ahead() {
         // The next piece of this run, asked for a line or two beside each row the passes over
         // this one read, in the order it lies (as long as this one: past a short last piece,
         // a few KiB of whatever follows it in the pool); at the run's end, this piece again
