@@ -12,9 +12,10 @@
 //! pipe that runs them on Zen 2 (and 3 and 4), but the widening and its stores and loads
 //! took as long again. Zen 2, one thread, from L2 (`attn_speed`): one query 15.7 → 22.1 GB/s,
 //! two 11.3 → 15.3, four 7.2 → 8.4; decode scores at 4,096 positions on two threads
-//! (`attn_decode`, with [`CHUNK_AHEAD`]): 7.9 → 6.7 ms a token with two query heads a kv
-//! head, 11.4 → 10.0 with four. The eight vectors of a block are summed across their lanes
-//! by unpacks and adds, which run beside them, not by `vphaddd` (one every two cycles there).
+//! (`attn_decode`, with [`CHUNK_AHEAD`], then asked all at once): 7.9 → 6.7 ms a token with
+//! two query heads a kv head, 11.4 → 10.0 with four. The eight vectors of a block are summed
+//! across their lanes by unpacks and adds, which run beside them, not by `vphaddd` (one every
+//! two cycles there).
 //!
 //! A score is `Σ_b (d_qb · d_kb) · float(I_b)`, the blocks added in order by a separate
 //! multiply and add, the scalar reference's operations to the bit.
@@ -29,13 +30,24 @@ const MAX_BLOCKS: usize = crate::dispatch::MAX_HEAD / 32;
 /// Keys taken together: one per lane of a vector of f32.
 const KEYS: usize = 8;
 
-/// Bytes past a chunk of keys that it asks for into L1 as it begins. On Zen 2 (decode scores
-/// at 4,096 positions, two threads, two query heads a kv head, `attn_decode`): asked into L1
-/// 1 KiB ahead 6.6–6.8 ms a token; into L2 1 KiB ahead 7.2–7.3, 4 KiB ahead 7.1–7.3 as this
-/// loop asked and 7.9–8.0 as the run walker asked (its own distance, what this kernel did
-/// before), 512 bytes 7.2–7.3; not at all 7.4–7.6. Into L1 640 bytes to 1.5 KiB ahead were
-/// alike, 2 KiB 7.1 again; into L2 8 or 16 KiB ahead beside L1 1 KiB ahead 7.6–7.9.
-const CHUNK_AHEAD: usize = 1024;
+/// Bytes past a chunk of keys that it asks for into L1, a share beside each block's products.
+/// On Zen 2 (decode scores at 4,096 positions, two threads, two query heads a kv head,
+/// `attn_decode`), asked all at once as the chunk began: into L1 1 KiB ahead 6.6–6.8 ms a
+/// token; into L2 1 KiB ahead 7.2–7.3, 4 KiB ahead 7.1–7.3 as this loop asked and 7.9–8.0 as
+/// the run walker asked (its own distance, what this kernel did before), 512 bytes 7.2–7.3;
+/// not at all 7.4–7.6. Into L1 640 bytes to 1.5 KiB ahead were alike, 2 KiB 7.1 again; into L2
+/// 8 or 16 KiB ahead beside L1 1 KiB ahead 7.6–7.9. But a burst of 17 asks stalls the loop
+/// until the lines come (from L3, one layer, the same loop takes 5.3 ms): spread over the
+/// blocks' products ([`ASK_SHARE`]), 6.85–6.93 → 5.89–6.15 ms (1 KiB ahead 6.5–6.8, 2.5 to 4
+/// KiB as 2); with four query heads 9.83–10.03 → 9.84–9.88.
+const CHUNK_AHEAD: usize = 2048;
+
+/// Bytes asked for beside each block's products: a chunk's length a block (eight keys' blocks
+/// of 34 bytes) in whole lines, so that the shares of a chunk's blocks cover what the next
+/// chunks will read (a few lines twice). A fixed count of asks, and none compiled into the
+/// calls for the other query rows of a chunk: a loop over a count the caller chose made the
+/// four query heads' scores 4 % slower.
+const ASK_SHARE: usize = (KEYS * 34).next_multiple_of(64);
 
 /// Query rows scored together: each key load serves both, and their eight sums fill half the
 /// registers. Four at a time spilled: with the 8B shape's four query heads a kv head, 7.6 GB/s
@@ -57,19 +69,34 @@ unsafe fn key_scales(at: &[*const u8; KEYS], b: usize) -> __m256 {
 
 /// The scores of `R` query rows (blocks of 32 bytes at `q`, a row `32·nb` bytes after the one
 /// before; their scales at `dq`, `nb` a row) against the eight key rows at `at`, key l in
-/// lane l.
+/// lane l. With `ASK`, beside the products of block b < `ask_blocks` it asks for the
+/// [`ASK_SHARE`] bytes at `ask + b · ASK_SHARE` into L1 (asking reads nothing into the program,
+/// wherever it points).
 ///
 /// # Safety
 /// Every `at[l]` is a row of `nb ≤ MAX_BLOCKS` blocks; `R` rows of `32·nb` bytes at `q` and of
 /// `nb` scales at `dq`; AVX2 and F16C.
 #[inline(always)]
-unsafe fn chunk_scores<const R: usize>(at: &[*const u8; KEYS], q: *const i8, dq: *const f32, nb: usize) -> [__m256; R] {
+unsafe fn chunk_scores<const R: usize, const ASK: bool>(
+    at: &[*const u8; KEYS],
+    q: *const i8,
+    dq: *const f32,
+    nb: usize,
+    ask: *const u8,
+    ask_blocks: usize,
+) -> [__m256; R] {
     // SAFETY: key l's block b is 34 bytes at `at[l] + 34·b`; query r's block b is 32 bytes at
     // `q + 32·(nb·r + b)`, its scale at `dq + nb·r + b` (the contract).
     unsafe {
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..nb {
+            if ASK && b < ask_blocks {
+                let share = ask.wrapping_add(b * ASK_SHARE);
+                for line in (0..ASK_SHARE).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(share.wrapping_add(line) as *const i8);
+                }
+            }
             let scales = key_scales(at, b);
             // halves[h][r]: within each 128-bit half, keys 4h..4h+4's sums for query r.
             let mut halves = [[_mm256_setzero_si256(); R]; 2];
@@ -134,10 +161,16 @@ unsafe fn write_scores<const R: usize>(
     out: *mut f32,
     ldo: usize,
     live: usize,
+    ask: *const u8,
+    ask_blocks: usize,
 ) {
     // SAFETY: the contract.
     unsafe {
-        let scores = chunk_scores::<R>(at, q, dq, nb);
+        let scores = if ask_blocks > 0 {
+            chunk_scores::<R, true>(at, q, dq, nb, ask, ask_blocks)
+        } else {
+            chunk_scores::<R, false>(at, q, dq, nb, ask, 0)
+        };
         for (r, s) in scores.into_iter().enumerate() {
             let to = out.add(r * ldo);
             if live == KEYS {
@@ -168,14 +201,12 @@ fn scores_impl(q: &[u8], keys: &[&[u8]], k: usize, out: &mut [f32], ldo: usize) 
         }
     }
     for RunChunk { run, rows, j } in RunChunks::new(keys, row, KEYS).reader_asks_ahead() {
-        // The bytes CHUNK_AHEAD past the chunk, up to the run's end, into L1.
-        let (from, to) = (rows.start * row + CHUNK_AHEAD, (rows.end * row + CHUNK_AHEAD).min(run.len()));
-        if from < to {
-            for line in ((from & !63)..to).step_by(64) {
-                // Asking reads nothing into the program, wherever it points.
-                _mm_prefetch::<_MM_HINT_T0>(run.as_ptr().wrapping_add(line) as *const i8);
-            }
-        }
+        // The bytes CHUNK_AHEAD past the chunk, up to the run's end (give or take a share's
+        // lines), asked for into L1 a share beside each block's products by the first query
+        // rows' call.
+        let (from, to) = ((rows.start * row + CHUNK_AHEAD) & !63, (rows.end * row + CHUNK_AHEAD).min(run.len()));
+        let ask = run.as_ptr().wrapping_add(from);
+        let ask_blocks = if from < to { (to - from).div_ceil(ASK_SHARE).min(nb) } else { 0 };
         let live = rows.len();
         // SAFETY: the chunk's keys are whole rows of the run (`Kernels` checked that the run
         // is whole rows), the last repeated past `live`.
@@ -190,10 +221,11 @@ fn scores_impl(q: &[u8], keys: &[&[u8]], k: usize, out: &mut [f32], ldo: usize) 
             unsafe {
                 let (qi, di, o) =
                     (bytes.as_ptr().add(i * nb * 32), dq.as_ptr().add(i * nb), out.as_mut_ptr().add(i * ldo + j));
+                let asks = if i == 0 { ask_blocks } else { 0 };
                 if r == 2 {
-                    write_scores::<2>(&at, qi, di, nb, o, ldo, live)
+                    write_scores::<2>(&at, qi, di, nb, o, ldo, live, ask, asks)
                 } else {
-                    write_scores::<1>(&at, qi, di, nb, o, ldo, live)
+                    write_scores::<1>(&at, qi, di, nb, o, ldo, live, ask, asks)
                 }
             }
             i += r;
