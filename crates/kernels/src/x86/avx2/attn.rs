@@ -384,8 +384,8 @@ const PIECE: usize = 32;
 /// Rows of a piece of f16 rows for one or two output rows, whose passes are light on
 /// arithmetic: each pass waits less on the piece's lines when a piece is 2 KiB. On Zen 2, two
 /// threads, `P·V` of decode at 4,096 positions (`attn_decode`, `PART=v`, runs of 1,024
-/// positions): one query head a kv head 10.3 → 8.6–8.9 ms a token, two 9.7–9.8 → 8.1–8.4, though
-/// from L3 (one layer) they take 5–10 % longer than in pieces of 32. Three or four query rows
+/// positions): one query head a kv head 9.8–10.4 → 8.5–8.9 ms a token, two 9.5–9.8 → 8.1–8.5,
+/// though from L3 (one layer) they take 5–10 % longer than in pieces of 32. Three or four query rows
 /// (16 columns a pass, twice the passes) are bound by their fmas: 8 rows made four 5 % slower,
 /// three the same; the q8_0 rows' passes, bound by their widening, were slower with every
 /// smaller piece (two rows: 6.8–6.9 ms at 32, 7.2 at 12, 7.6 at 8).

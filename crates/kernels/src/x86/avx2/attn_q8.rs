@@ -146,7 +146,8 @@ unsafe fn four_sums(x: &[__m256i; 4]) -> __m256i {
 }
 
 /// Scores of query rows `i .. i + R` against the chunk of keys at `at`, written to columns
-/// `j .. j + live` of those rows of the output.
+/// `j .. j + live` of those rows of the output, asking for the lines ahead as [`chunk_scores`]
+/// does where `ask_blocks` is not 0.
 ///
 /// # Safety
 /// As for [`chunk_scores`] with `q`, `dq` at row i; `live ≤ KEYS` outputs from `i·ldo + j` in
