@@ -100,13 +100,18 @@ const L1_BLOCKS: usize = 6;
 /// five: 28 (too close behind the first ask to find the lines in L2 yet).
 #[inline(always)]
 pub(crate) fn prefetch_ahead_l1(at: *const u8, len: usize) {
-    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
     prefetch_l2(at.wrapping_add(L2_BLOCKS * crate::pack::Q1_GROUP_BLOCK), len);
-    let l1 = at.wrapping_add(L1_BLOCKS * crate::pack::Q1_GROUP_BLOCK);
+    prefetch_l1(at.wrapping_add(L1_BLOCKS * crate::pack::Q1_GROUP_BLOCK), len);
+}
+
+/// Ask for the lines of the `len` bytes at `p` to be brought into L1 (see [`prefetch_ahead`]:
+/// any address will do).
+#[inline(always)]
+pub(crate) fn prefetch_l1(p: *const u8, len: usize) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
     for line in (0..len).step_by(64) {
-        // SAFETY: SSE is part of x86-64, and a prefetch reads nothing into the program (any
-        // address will do, see `prefetch_ahead`).
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(l1.wrapping_add(line) as *const i8) };
+        // SAFETY: SSE is part of x86-64, and a prefetch reads nothing into the program.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line) as *const i8) };
     }
 }
 

@@ -529,7 +529,7 @@ unsafe fn columns<B: Elem, const R: usize, const V: usize>(
             // The line of this row that the next pass reads, into L1 now: the piece is in L2
             // by then, and each pass would otherwise wait on a line of every row (f16 `P·V` of
             // decode at 4,096 positions on Zen 2: 10.4 → 9.6 ms a token).
-            _mm_prefetch::<_MM_HINT_T0>((row as *const i8).wrapping_add(B::byte_of(c0 + 8 * V)));
+            crate::x86::prefetch_l1((row as *const u8).wrapping_add(B::byte_of(c0 + 8 * V)), 1);
             let sc = B::scale(row, c0);
             let mut w = [_mm256_setzero_ps(); R];
             for (r, w) in w.iter_mut().enumerate() {

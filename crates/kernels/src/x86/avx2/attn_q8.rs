@@ -92,10 +92,7 @@ unsafe fn chunk_scores<const R: usize, const ASK: bool>(
         let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..nb {
             if ASK && b < ask_blocks {
-                let share = ask.wrapping_add(b * ASK_SHARE);
-                for line in (0..ASK_SHARE).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(share.wrapping_add(line) as *const i8);
-                }
+                crate::x86::prefetch_l1(ask.wrapping_add(b * ASK_SHARE), ASK_SHARE);
             }
             let scales = key_scales(at, b);
             // halves[h][r]: within each 128-bit half, keys 4h..4h+4's sums for query r.
