@@ -1,7 +1,9 @@
 //! AVX2 product of the packed Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 layout ([`crate::pack::pack_legacy`]): 16 rows
 //! per group, rows 0-7 and 8-15 in the eight lanes of the two 32-byte halves of each packed
 //! vector. A block's weights are unpacked once for a tile of up to four tokens, which is what
-//! makes several tokens cheaper than that many single ones.
+//! makes several tokens cheaper than that many single ones. Without AVX-VNNI, Q4_0, Q4_1 and
+//! Q8_0 take both halves at once ([`body_nibbles`], [`body_bytes`]); the others a half at a
+//! time ([`body`]).
 //!
 //! Every token's result is the same bits whatever tile it is in: the integer sums are exact,
 //! and the float steps per row (scale, offset, accumulate over blocks in order) do not depend
@@ -19,7 +21,7 @@ use onebit_gguf::GgmlType;
 use crate::act::Acts;
 use crate::matmul::OutPtr;
 use crate::pack::{LEGACY_GROUP, PackedMat, legacy_high_bits, legacy_layout};
-use crate::x86::{PlanarRow, planar_row};
+use crate::x86::{PlanarRow, planar_rows};
 
 /// Tokens whose products share one unpacking of the weights.
 const TILE: usize = 4;
@@ -42,11 +44,12 @@ pub(super) fn packed(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr
     let nb = p.cols / 32;
     let vnni = has_vnni();
     let n = acts.rows();
+    let planar = planar_rows(acts);
     for g in rows.start / LEGACY_GROUP..rows.end.div_ceil(LEGACY_GROUP) {
         let data = p.group(g);
         for t0 in (0..n).step_by(TILE) {
             let tile = (n - t0).min(TILE);
-            let a: [PlanarRow; TILE] = std::array::from_fn(|i| planar_row(acts, t0 + i.min(tile - 1)));
+            let a: [PlanarRow; TILE] = std::array::from_fn(|i| planar[t0 + i.min(tile - 1)]);
             // SAFETY: the AVX2 table is handed out only on AVX2 CPUs; AVX-VNNI only when present.
             let res = unsafe { tile_product(vnni, p.ty, tile, data, nb, &a) };
             for (i, res) in res.iter().take(tile).enumerate() {
@@ -125,7 +128,15 @@ unsafe fn body_vnni<const KIND: u8, const T: usize>(data: &[u8], nb: usize, a: &
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn body_plain<const KIND: u8, const T: usize>(data: &[u8], nb: usize, a: &[PlanarRow; TILE]) -> TileOut {
     // SAFETY: the features are enabled; the caller upholds the rest.
-    unsafe { body::<false, KIND, T>(data, nb, a) }
+    unsafe {
+        if KIND == Q4_0 || KIND == Q4_1 {
+            body_nibbles::<KIND, T>(data, nb, a)
+        } else if KIND == Q8_0 {
+            body_bytes::<T>(data, nb, a)
+        } else {
+            body::<false, KIND, T>(data, nb, a)
+        }
+    }
 }
 
 /// Σ u·s over each lane's four byte pairs, added to `acc` (u < 128 or s > -128 when !VNNI).
@@ -292,6 +303,139 @@ unsafe fn body<const VNNI: bool, const KIND: u8, const T: usize>(
     res
 }
 
+/// Q4_0 and Q4_1 without AVX-VNNI: one group against tokens `a[..T]`, both halves at once, a
+/// packed vector at a time. Each token's four activations are broadcast once for the 16 rows,
+/// and the 2·T sums stay in registers beside the two halves' nibbles and the broadcast; the
+/// scales follow once a block. [`body`] unpacked a half for a tile and broadcast every token's
+/// activations once a half, and its registers spilled: on Zen 2 (one thread, `gemm_speed q4_1
+/// 8 1 1536 576 avx2`, SmolLM2's gate and up shape) 54 → 59 G multiply-adds a second, one token
+/// from memory (8192 × 4096, two threads) as fast or faster. The float steps per row and block
+/// are [`body`]'s, in its order, so the results are the same bits.
+///
+/// `vpmaddubsw` runs on one pipe of Zen 2, which it shares with `vmulps` and `vpmaddwd`: the
+/// products alone would allow about 28 multiply-adds a cycle, the scales' steps a block bring
+/// the bound near 20 (a loop of the same instructions), and this runs at 17.6.
+#[inline(always)]
+unsafe fn body_nibbles<const KIND: u8, const T: usize>(data: &[u8], nb: usize, a: &[PlanarRow; TILE]) -> TileOut {
+    let ty = KIND_TYPES[KIND as usize];
+    let block = LEGACY_GROUP * ty.type_size() as usize;
+    assert!(data.len() >= nb * block);
+    assert!(a[..T].iter().all(|a| a.qs.len() >= 32 * nb && a.scales.len() >= nb && a.sums.len() >= nb));
+    let (m_at, qs_at) = legacy_layout(ty);
+    let offset = if KIND == Q4_0 { 8.0 } else { 0.0 };
+    let mut res = [[0f32; LEGACY_GROUP]; TILE];
+    // SAFETY: the caller's contract: AVX2, FMA and F16C are enabled. Block `b` lies inside
+    // `data`, and each token holds 32 activations, a scale and a sum per block (asserted above).
+    unsafe {
+        let (nib, ones) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi16(1));
+        let mut acc = [[_mm256_setzero_ps(); 2]; T];
+        for b in 0..nb {
+            let blk = data.as_ptr().add(b * block);
+            // s[t][h]: 16-bit pair sums of token t with rows 8h..8h+8 (below 2¹⁵, as in `body`).
+            let mut s = [[_mm256_setzero_si256(); 2]; T];
+            for c in 0..8 {
+                // Vector c % 4 of each half: its low nibbles pair with activations 4c.. for c < 4,
+                // its high ones with 4c.. = 16 + 4(c − 4).. after.
+                let w: [__m256i; 2] = std::array::from_fn(|h| {
+                    let v = _mm256_loadu_si256(blk.add(qs_at + 64 * (c % 4) + 32 * h) as *const __m256i);
+                    if c < 4 { _mm256_and_si256(v, nib) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib) }
+                });
+                for (t, s) in s.iter_mut().enumerate() {
+                    let act =
+                        _mm256_set1_epi32(std::ptr::read_unaligned(a[t].qs.as_ptr().add(32 * b + 4 * c) as *const i32));
+                    for h in 0..2 {
+                        s[h] = _mm256_add_epi16(s[h], _mm256_maddubs_epi16(w[h], act));
+                    }
+                }
+            }
+            let d: [__m256; 2] =
+                std::array::from_fn(|h| _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i)));
+            let m: [__m256; 2] = std::array::from_fn(|h| match m_at {
+                Some(at) => _mm256_cvtph_ps(_mm_loadu_si128(blk.add(at + 16 * h) as *const __m128i)),
+                None => _mm256_setzero_ps(),
+            });
+            for t in 0..T {
+                let (da, sa) = (*a[t].scales.get_unchecked(b), *a[t].sums.get_unchecked(b));
+                for h in 0..2 {
+                    let x = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[t][h], ones));
+                    // As in `body`: x·da − 0 is x·da to the bit, so Q4_1 skips the subtraction.
+                    let v = if offset == 0.0 {
+                        _mm256_mul_ps(x, _mm256_set1_ps(da))
+                    } else {
+                        _mm256_fmsub_ps(x, _mm256_set1_ps(da), _mm256_set1_ps(offset * sa))
+                    };
+                    acc[t][h] = _mm256_fmadd_ps(v, d[h], acc[t][h]);
+                    if KIND == Q4_1 {
+                        acc[t][h] = _mm256_fmadd_ps(m[h], _mm256_set1_ps(sa), acc[t][h]);
+                    }
+                }
+            }
+        }
+        for (res, acc) in res.iter_mut().zip(acc) {
+            for (h, acc) in acc.into_iter().enumerate() {
+                _mm256_storeu_ps(res.as_mut_ptr().add(8 * h), acc);
+            }
+        }
+    }
+    res
+}
+
+/// Q8_0 without AVX-VNNI: as [`body_nibbles`], both halves at once; the weights' magnitudes
+/// made once a vector for every token (in [`body`] once a token), their signs given to each
+/// token's activations. Zen 2, one thread, `gemm_speed q8_0 T 1 1536 576 avx2`, with the planar
+/// rows made once too ([`planar_rows`]): 8 tokens 39 → 43 G multiply-adds a second, one token
+/// 28 → 35. A `vpmaddubsw` and a `vpmaddwd` a 32
+/// products on the one pipe that runs them bound it at 16 a cycle (54 G a second at 3.35 GHz).
+/// The same integer sums and float steps as [`body`], so the same bits.
+#[inline(always)]
+unsafe fn body_bytes<const T: usize>(data: &[u8], nb: usize, a: &[PlanarRow; TILE]) -> TileOut {
+    let block = LEGACY_GROUP * GgmlType::Q8_0.type_size() as usize;
+    assert!(data.len() >= nb * block);
+    assert!(a[..T].iter().all(|a| a.qs.len() >= 32 * nb && a.scales.len() >= nb));
+    let (_, qs_at) = legacy_layout(GgmlType::Q8_0);
+    let mut res = [[0f32; LEGACY_GROUP]; TILE];
+    // SAFETY: the caller's contract: AVX2, FMA and F16C are enabled. Block `b` lies inside
+    // `data`, and each token holds 32 activations and a scale per block (asserted above).
+    unsafe {
+        let (ones, flip) = (_mm256_set1_epi16(1), _mm256_set1_epi8(-128));
+        let mut acc = [[_mm256_setzero_ps(); 2]; T];
+        for b in 0..nb {
+            let blk = data.as_ptr().add(b * block);
+            let mut s = [[_mm256_setzero_si256(); 2]; T];
+            for c in 0..8 {
+                // Stored offset by 128 (for AVX-VNNI's unsigned operand): flipped back to signed.
+                let w: [__m256i; 2] = std::array::from_fn(|h| {
+                    _mm256_xor_si256(_mm256_loadu_si256(blk.add(qs_at + 64 * c + 32 * h) as *const __m256i), flip)
+                });
+                let mag = w.map(|w| _mm256_abs_epi8(w));
+                for (t, s) in s.iter_mut().enumerate() {
+                    let act =
+                        _mm256_set1_epi32(std::ptr::read_unaligned(a[t].qs.as_ptr().add(32 * b + 4 * c) as *const i32));
+                    for h in 0..2 {
+                        let pairs = _mm256_maddubs_epi16(mag[h], _mm256_sign_epi8(act, w[h]));
+                        s[h] = _mm256_add_epi32(s[h], _mm256_madd_epi16(pairs, ones));
+                    }
+                }
+            }
+            let d: [__m256; 2] =
+                std::array::from_fn(|h| _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i)));
+            for t in 0..T {
+                let da = _mm256_set1_ps(*a[t].scales.get_unchecked(b));
+                for h in 0..2 {
+                    let v = _mm256_mul_ps(_mm256_cvtepi32_ps(s[t][h]), da);
+                    acc[t][h] = _mm256_fmadd_ps(v, d[h], acc[t][h]);
+                }
+            }
+        }
+        for (res, acc) in res.iter_mut().zip(acc) {
+            for (h, acc) in acc.into_iter().enumerate() {
+                _mm256_storeu_ps(res.as_mut_ptr().add(8 * h), acc);
+            }
+        }
+    }
+    res
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,7 +469,7 @@ mod tests {
             k.quantize_acts(&pool, ty, &x, cols, &mut acts).unwrap();
             let mut want = vec![0f32; rows * tokens];
             scalar.matmul(&pool, &w, &acts, &mut want).unwrap();
-            let a: [PlanarRow; TILE] = std::array::from_fn(|t| planar_row(&acts, t));
+            let a: [PlanarRow; TILE] = std::array::from_fn(|t| crate::x86::planar_row(&acts, t));
             let forms: &[bool] = if has_vnni() { &[false, true] } else { &[false] };
             for &vnni in forms {
                 for g in 0..packed.groups() {
