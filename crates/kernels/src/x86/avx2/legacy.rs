@@ -301,6 +301,44 @@ unsafe fn body<const VNNI: bool, const KIND: u8, const T: usize>(
     res
 }
 
+/// The four activations `at..at + 4` of token `a`, in every 32-bit lane.
+///
+/// # Safety
+/// `at + 4 <= a.qs.len()`; AVX.
+#[inline(always)]
+unsafe fn act4(a: &PlanarRow, at: usize) -> __m256i {
+    // SAFETY: the contract.
+    unsafe { _mm256_set1_epi32(std::ptr::read_unaligned(a.qs.as_ptr().add(at) as *const i32)) }
+}
+
+/// The 16 rows' f16 values at `p` (a block's scales or offsets), as the two halves' eight f32.
+///
+/// # Safety
+/// 32 bytes at `p`; AVX and F16C.
+#[inline(always)]
+unsafe fn halves_f16(p: *const u8) -> [__m256; 2] {
+    let p = p as *const __m128i;
+    // SAFETY: the contract.
+    unsafe { [_mm256_cvtph_ps(_mm_loadu_si128(p)), _mm256_cvtph_ps(_mm_loadu_si128(p.add(1)))] }
+}
+
+/// The tokens' accumulators of both halves as a group's results.
+///
+/// # Safety
+/// AVX.
+#[inline(always)]
+unsafe fn tile_results<const T: usize>(acc: [[__m256; 2]; T]) -> TileOut {
+    let mut res = [[0f32; LEGACY_GROUP]; TILE];
+    for (res, acc) in res.iter_mut().zip(acc) {
+        // SAFETY: 16 floats in `res` take the two halves' eight; AVX (the contract).
+        unsafe {
+            _mm256_storeu_ps(res.as_mut_ptr(), acc[0]);
+            _mm256_storeu_ps(res.as_mut_ptr().add(8), acc[1]);
+        }
+    }
+    res
+}
+
 /// Q4_0 and Q4_1 without AVX-VNNI: one group against tokens `a[..T]`, both halves at once, a
 /// packed vector at a time. Each token's four activations are broadcast once for the 16 rows,
 /// and the 2·T sums stay in registers beside the two halves' nibbles and the broadcast; the
@@ -322,7 +360,6 @@ unsafe fn body_nibbles<const KIND: u8, const T: usize>(data: &[u8], nb: usize, a
     assert!(a[..T].iter().all(|a| a.qs.len() >= 32 * nb && a.scales.len() >= nb && a.sums.len() >= nb));
     let (m_at, qs_at) = legacy_layout(ty);
     let offset = if KIND == Q4_0 { 8.0 } else { 0.0 };
-    let mut res = [[0f32; LEGACY_GROUP]; TILE];
     // SAFETY: the caller's contract: AVX2, FMA and F16C are enabled. Block `b` lies inside
     // `data`, and each token holds 32 activations, a scale and a sum per block (asserted above).
     unsafe {
@@ -349,20 +386,15 @@ unsafe fn body_nibbles<const KIND: u8, const T: usize>(data: &[u8], nb: usize, a
                     ]
                 };
                 for (t, s) in s.iter_mut().enumerate() {
-                    let act =
-                        _mm256_set1_epi32(std::ptr::read_unaligned(a[t].qs.as_ptr().add(32 * b + 4 * c) as *const i32));
+                    let act = act4(&a[t], 32 * b + 4 * c);
                     for h in 0..2 {
                         s[h] = _mm256_add_epi16(s[h], _mm256_maddubs_epi16(w[h], act));
                     }
                 }
             }
-            let scales = blk as *const __m128i;
-            let d = [_mm256_cvtph_ps(_mm_loadu_si128(scales)), _mm256_cvtph_ps(_mm_loadu_si128(scales.add(1)))];
+            let d = halves_f16(blk);
             let m = match m_at {
-                Some(at) => {
-                    let mins = blk.add(at) as *const __m128i;
-                    [_mm256_cvtph_ps(_mm_loadu_si128(mins)), _mm256_cvtph_ps(_mm_loadu_si128(mins.add(1)))]
-                }
+                Some(at) => halves_f16(blk.add(at)),
                 None => [_mm256_setzero_ps(); 2],
             };
             for t in 0..T {
@@ -382,21 +414,16 @@ unsafe fn body_nibbles<const KIND: u8, const T: usize>(data: &[u8], nb: usize, a
                 }
             }
         }
-        for (res, acc) in res.iter_mut().zip(acc) {
-            for (h, acc) in acc.into_iter().enumerate() {
-                _mm256_storeu_ps(res.as_mut_ptr().add(8 * h), acc);
-            }
-        }
+        tile_results(acc)
     }
-    res
 }
 
 /// Q8_0 without AVX-VNNI: as [`body_nibbles`], both halves at once; the weights' magnitudes
 /// made once a vector for every token (in [`body`] once a token), their signs given to each
 /// token's activations. Zen 2, one thread, `gemm_speed q8_0 T 1 1536 576 avx2`, with the planar
 /// rows made once too ([`planar_rows`]): 8 tokens 39 → 43 G multiply-adds a second, one token
-/// 28 → 35. A `vpmaddubsw` and a `vpmaddwd` a 32
-/// products on the one pipe that runs them bound it at 16 a cycle (54 G a second at 3.35 GHz).
+/// 28 → 35. A `vpmaddubsw` and a `vpmaddwd` per 32 products, on the one pipe that runs them,
+/// bound it at 16 a cycle (54 G a second at 3.35 GHz).
 /// The same integer sums and float steps as [`body`], so the same bits.
 #[inline(always)]
 unsafe fn body_bytes<const T: usize>(data: &[u8], nb: usize, a: &[PlanarRow; TILE]) -> TileOut {
@@ -404,7 +431,6 @@ unsafe fn body_bytes<const T: usize>(data: &[u8], nb: usize, a: &[PlanarRow; TIL
     assert!(data.len() >= nb * block);
     assert!(a[..T].iter().all(|a| a.qs.len() >= 32 * nb && a.scales.len() >= nb));
     let (_, qs_at) = legacy_layout(GgmlType::Q8_0);
-    let mut res = [[0f32; LEGACY_GROUP]; TILE];
     // SAFETY: the caller's contract: AVX2, FMA and F16C are enabled. Block `b` lies inside
     // `data`, and each token holds 32 activations and a scale per block (asserted above).
     unsafe {
@@ -422,18 +448,14 @@ unsafe fn body_bytes<const T: usize>(data: &[u8], nb: usize, a: &[PlanarRow; TIL
                     mag[h] = _mm256_abs_epi8(w[h]);
                 }
                 for (t, s) in s.iter_mut().enumerate() {
-                    let act =
-                        _mm256_set1_epi32(std::ptr::read_unaligned(a[t].qs.as_ptr().add(32 * b + 4 * c) as *const i32));
+                    let act = act4(&a[t], 32 * b + 4 * c);
                     for h in 0..2 {
                         let pairs = _mm256_maddubs_epi16(mag[h], _mm256_sign_epi8(act, w[h]));
                         s[h] = _mm256_add_epi32(s[h], _mm256_madd_epi16(pairs, ones));
                     }
                 }
             }
-            let mut d = [_mm256_setzero_ps(); 2];
-            for (h, d) in d.iter_mut().enumerate() {
-                *d = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * h) as *const __m128i));
-            }
+            let d = halves_f16(blk);
             for t in 0..T {
                 let da = _mm256_set1_ps(*a[t].scales.get_unchecked(b));
                 for h in 0..2 {
@@ -442,13 +464,8 @@ unsafe fn body_bytes<const T: usize>(data: &[u8], nb: usize, a: &[PlanarRow; TIL
                 }
             }
         }
-        for (res, acc) in res.iter_mut().zip(acc) {
-            for (h, acc) in acc.into_iter().enumerate() {
-                _mm256_storeu_ps(res.as_mut_ptr().add(8 * h), acc);
-            }
-        }
+        tile_results(acc)
     }
-    res
 }
 
 #[cfg(test)]
