@@ -723,6 +723,8 @@ fn table_for(tier: KernelTier) -> &'static Table {
         #[cfg(target_arch = "x86_64")]
         KernelTier::Avx2 => &crate::x86::avx2::TABLE,
         #[cfg(target_arch = "x86_64")]
+        KernelTier::Avx512 if crate::x86::is_intel() => &crate::x86::avx512::TABLE_INTEL,
+        #[cfg(target_arch = "x86_64")]
         KernelTier::Avx512 => &crate::x86::avx512::TABLE,
         #[cfg(target_arch = "x86_64")]
         KernelTier::Amx => &crate::x86::amx::TABLE,
@@ -731,5 +733,48 @@ fn table_for(tier: KernelTier) -> &'static Table {
         // Not compiled for this architecture: `is_available` already refused it.
         #[allow(unreachable_patterns)]
         _ => &crate::scalar::TABLE,
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+
+    /// The AVX-512 tier's Intel table differs from the AMD one only in how far ahead its kernels
+    /// ask for the weights: both must give the same bits, whichever CPU runs the tests.
+    #[test]
+    #[cfg_attr(miri, ignore = "SIMD code: Miri interprets no vector intrinsics")]
+    fn avx512_tables_for_intel_and_amd_agree() {
+        if !KernelTier::Avx512.is_available() {
+            return;
+        }
+        let with = |table| Kernels { tier: KernelTier::Avx512, table, batch_rounding: BatchRounding::default() };
+        let (amd, intel) = (with(&crate::x86::avx512::TABLE), with(&crate::x86::avx512::TABLE_INTEL));
+        let pool = Pool::new(2);
+        let (rows, cols) = (80, 384);
+        let mut seed = 1u32;
+        let mut next = move || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        for ty in [GgmlType::Q1_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            let x: Vec<f32> = (0..rows * cols).map(|_| next()).collect();
+            let mut data = vec![0u8; rows * ty.bytes_for(cols as u64).unwrap() as usize];
+            crate::formats::quantize(ty, &x, &mut data).unwrap();
+            let w = MatRef::new(ty, rows, cols, &data).unwrap();
+            let packed = amd.pack(&pool, &w);
+            assert!(packed.is_some(), "{ty}: the kernels that differ read packed weights");
+            let w = w.with_packed(packed.as_ref());
+            for tokens in [1, 2, 8, 17] {
+                let x: Vec<f32> = (0..tokens * cols).map(|_| next() * 4.0).collect();
+                let mut acts = Acts::new();
+                amd.quantize_acts_for(&pool, &[ty], &x, cols, &mut acts).unwrap();
+                let (mut a, mut b) = (vec![0f32; tokens * rows], vec![1f32; tokens * rows]);
+                amd.matmul(&pool, &w, &acts, &mut a).unwrap();
+                intel.matmul(&pool, &w, &acts, &mut b).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "{ty}, {tokens} tokens");
+            }
+        }
     }
 }

@@ -28,12 +28,14 @@ const TOKENS: usize = 8;
 /// How far ahead of the block it reads the kernel asks for the weights, into L2: measured per
 /// CPU class, so chosen by the tier.
 ///
-/// - AMD Zen 4 (the `avx512` tier): none. With a prefetch the 135M-parameter SmolLM2 decoded
+/// - AMD Zen 4 (the `avx512` tier on AMD CPUs): none. With a prefetch the 135M-parameter SmolLM2 decoded
 ///   4 % slower and Gemma 3 270M up to 20 % (see [`crate::x86::prefetch_ahead`]).
 /// - Intel Sapphire Rapids (the `amx` tier): 8 KiB. The hardware prefetcher stops at every 4 KiB
 ///   page, and these groups are a few KiB: SmolLM2 decoded at 285 tokens/s without, 405 with 4
 ///   KiB ahead, 420–450 with 8 KiB (2 KiB: 360–410, 16 KiB: 410, 32 KiB: 375); eight sequences
-///   of it together 780–810 → 1,000–1,090, Gemma 3 270M 88–90 → 93–98.
+///   of it together 780–810 → 1,000–1,090, Gemma 3 270M 88–90 → 93–98. The same on an Intel
+///   Xeon with AVX-512 and no AMX (the `avx512` tier on Intel CPUs, family 6 model 207):
+///   SmolLM2 decoded at 240 and 266 tokens/s without, 305 and 347 with 8 KiB ahead.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Ahead {
     None,

@@ -16,17 +16,21 @@ use crate::x86::{Lut, LutAhead, PlanarRow, WORD_TABLES_BLOCK, WORD_TABLES_HIGH, 
 
 use super::q1_gemm::{block_scales, rows_from, scale_picks};
 
-pub(super) fn kernel(ty: GgmlType) -> Option<RowKernel> {
+/// The kernel for `ty`. `INTEL`: the Q1_0 lookup tables and the 16-row legacy kernels ask for
+/// the weights ahead as on Sapphire Rapids (the `amx` tier), for Intel CPUs without AMX, whose
+/// hardware prefetcher also stops at every 4 KiB page; else as measured on AMD Zen 4 (see
+/// [`LutAhead`] and `legacy16::Ahead`).
+pub(super) fn kernel<const INTEL: bool>(ty: GgmlType) -> Option<RowKernel> {
     use super::rows16 as r16;
     use GgmlType::*;
     let f: TiledFn = match ty {
-        Q1_0 => q1_0_rows,
+        Q1_0 => q1_0_rows::<INTEL>,
         Q2_0 => r16::rows::<r16::Q2_0>,
-        Q8_0 => |w, r, a, o| legacy_rows(w, r, a, o, r16::rows::<r16::Q8_0>),
-        Q4_0 => |w, r, a, o| legacy_rows(w, r, a, o, r16::rows::<r16::Q4_0>),
-        Q4_1 => |w, r, a, o| legacy_rows(w, r, a, o, r16::rows::<r16::Q4_1>),
-        Q5_0 => |w, r, a, o| legacy_rows(w, r, a, o, r16::rows::<r16::Q5_0>),
-        Q5_1 => |w, r, a, o| legacy_rows(w, r, a, o, r16::rows::<r16::Q5_1>),
+        Q8_0 => |w, r, a, o| legacy_rows::<INTEL>(w, r, a, o, r16::rows::<r16::Q8_0>),
+        Q4_0 => |w, r, a, o| legacy_rows::<INTEL>(w, r, a, o, r16::rows::<r16::Q4_0>),
+        Q4_1 => |w, r, a, o| legacy_rows::<INTEL>(w, r, a, o, r16::rows::<r16::Q4_1>),
+        Q5_0 => |w, r, a, o| legacy_rows::<INTEL>(w, r, a, o, r16::rows::<r16::Q5_0>),
+        Q5_1 => |w, r, a, o| legacy_rows::<INTEL>(w, r, a, o, r16::rows::<r16::Q5_1>),
         TQ2_0 => r16::rows::<r16::TQ2_0>,
         TQ1_0 => r16::rows::<r16::TQ1_0>,
         F32 => |w, r, a, o| byte_rows(w, r, a, o, dot_f32w),
@@ -42,9 +46,10 @@ pub(super) type ByteDot = unsafe fn(&[u8], &[u8], usize) -> f32;
 
 /// Q4_0/Q4_1/Q5_0/Q5_1/Q8_0: sixteen rows at a time from the packed layout, else from the rows
 /// as they are.
-fn legacy_rows(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr, plain: TiledFn) {
+fn legacy_rows<const INTEL: bool>(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr, plain: TiledFn) {
+    use super::legacy16::Ahead;
     match w.packed {
-        Some(_) => super::legacy16::rows(w, rows, acts, out, super::legacy16::Ahead::None),
+        Some(_) => super::legacy16::rows(w, rows, acts, out, if INTEL { Ahead::Kib8 } else { Ahead::None }),
         None => plain(w, rows, acts, out),
     }
 }
@@ -66,8 +71,8 @@ pub(super) fn d16(b: [u8; 2]) -> f32 {
 
 /// Q1_0 rows: through lookup tables when the matrix is packed, else sixteen rows at a time
 /// from the rows as they are.
-fn q1_0_rows(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
-    q1_0_rows_ahead(w, rows, acts, out, LutAhead::L2)
+fn q1_0_rows<const INTEL: bool>(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
+    q1_0_rows_ahead(w, rows, acts, out, if INTEL { LutAhead::L2AndL1 } else { LutAhead::L2 })
 }
 
 /// [`q1_0_rows`], the lookup kernel asking for the weights ahead as `ahead` says (each tier

@@ -47,8 +47,16 @@ pub(crate) const TABLE: Table = Table {
     scores_q8_0: attn_q8::scores_q8_0,
 };
 
+/// [`TABLE`] for Intel CPUs (AVX-512 without AMX): the same kernels, asking for the weights
+/// they stream as Sapphire Rapids wants (see `matmul::kernel`).
+pub(crate) const TABLE_INTEL: Table = Table { row_kernel: row_kernel_intel, ..TABLE };
+
 pub(crate) fn row_kernel(ty: GgmlType) -> Option<RowKernel> {
-    matmul::kernel(ty).or_else(|| crate::scalar::dot::dot_fn(ty).map(RowKernel::Dot))
+    matmul::kernel::<false>(ty).or_else(|| crate::scalar::dot::dot_fn(ty).map(RowKernel::Dot))
+}
+
+fn row_kernel_intel(ty: GgmlType) -> Option<RowKernel> {
+    matmul::kernel::<true>(ty).or_else(|| crate::scalar::dot::dot_fn(ty).map(RowKernel::Dot))
 }
 
 /// Quantize one activation row, bit for bit as the reference does.

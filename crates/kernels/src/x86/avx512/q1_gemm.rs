@@ -64,19 +64,22 @@ pub(super) fn rows(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr) 
         // owns rows `rows` of the output.
         t0 = unsafe { shared_tiles(p, rows.clone(), acts, out) };
     }
+    // Whole tiles of 16, then one tile of the rest: each tile expands the weights again, so a
+    // rest of 7 taken as 4 + 2 + 1 cost three expansions (3 tokens ran at half the speed of 4).
     while t0 < n {
-        let left = n - t0;
+        let rows = rows.clone();
+        macro_rules! tile_of {
+            ($($t:literal)*) => {
+                match n - t0 {
+                    16.. => tile::<16>(p, rows, acts, t0, out),
+                    $($t => tile::<$t>(p, rows, acts, t0, out),)*
+                    _ => unreachable!("t0 < n"),
+                }
+            };
+        }
         // SAFETY: the table holding this kernel exists only on AVX-512 VNNI CPUs; tokens
         // t0 .. t0 + T exist, and this call owns rows `rows` of the output.
-        t0 += unsafe {
-            match left {
-                16.. => tile::<16>(p, rows.clone(), acts, t0, out),
-                8.. => tile::<8>(p, rows.clone(), acts, t0, out),
-                4.. => tile::<4>(p, rows.clone(), acts, t0, out),
-                2.. => tile::<2>(p, rows.clone(), acts, t0, out),
-                _ => tile::<1>(p, rows.clone(), acts, t0, out),
-            }
-        };
+        t0 += unsafe { tile_of!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15) };
     }
 }
 
