@@ -28,8 +28,8 @@ const TOKENS: usize = 8;
 /// How far ahead of the block it reads the kernel asks for the weights, into L2: measured per
 /// CPU class, so chosen by the tier.
 ///
-/// - AMD Zen 4 (the `avx512` tier on AMD CPUs): none. With a prefetch the 135M-parameter SmolLM2 decoded
-///   4 % slower and Gemma 3 270M up to 20 % (see [`crate::x86::prefetch_ahead`]).
+/// - AMD Zen 4 (the `avx512` tier on AMD CPUs): none. With a prefetch the 135M-parameter
+///   SmolLM2 decoded 4 % slower and Gemma 3 270M up to 20 % (see [`crate::x86::prefetch_ahead`]).
 /// - Intel Sapphire Rapids (the `amx` tier): 8 KiB. The hardware prefetcher stops at every 4 KiB
 ///   page, and these groups are a few KiB: SmolLM2 decoded at 285 tokens/s without, 405 with 4
 ///   KiB ahead, 420–450 with 8 KiB (2 KiB: 360–410, 16 KiB: 410, 32 KiB: 375); eight sequences
