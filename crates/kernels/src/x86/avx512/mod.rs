@@ -49,14 +49,16 @@ pub(crate) const TABLE: Table = Table {
 
 /// [`TABLE`] for Intel CPUs (AVX-512 without AMX): the same kernels, asking for the weights
 /// they stream as Sapphire Rapids wants (see `matmul::kernel`).
-pub(crate) const TABLE_INTEL: Table = Table { row_kernel: row_kernel_intel, ..TABLE };
+pub(crate) const TABLE_INTEL: Table = Table { row_kernel: row_kernel_for::<true>, ..TABLE };
 
+/// The kernel for `ty` as [`TABLE`] has it (the weights asked for ahead as on AMD).
 pub(crate) fn row_kernel(ty: GgmlType) -> Option<RowKernel> {
-    matmul::kernel::<false>(ty).or_else(|| crate::scalar::dot::dot_fn(ty).map(RowKernel::Dot))
+    row_kernel_for::<false>(ty)
 }
 
-fn row_kernel_intel(ty: GgmlType) -> Option<RowKernel> {
-    matmul::kernel::<true>(ty).or_else(|| crate::scalar::dot::dot_fn(ty).map(RowKernel::Dot))
+/// `INTEL`: see `matmul::kernel`.
+fn row_kernel_for<const INTEL: bool>(ty: GgmlType) -> Option<RowKernel> {
+    matmul::kernel::<INTEL>(ty).or_else(|| crate::scalar::dot::dot_fn(ty).map(RowKernel::Dot))
 }
 
 /// Quantize one activation row, bit for bit as the reference does.
