@@ -174,9 +174,11 @@ fn chunk_rows(table: &Table, w: &MatRef, acts: &Acts, threads: usize) -> usize {
 /// equal units): SmolLM2 at 8 / 16 sequences +3–7 % / +10 %, the Bonsai-1.7B shape +2–7 % /
 /// +3–13 %, 2 and 3 sequences +1–3 %; one token: SmolLM2 +7 %, the 1.7B shape unchanged. On Zen 4
 /// shrinking pieces of one token left SmolLM2 8 % behind and the 1.7B shape 5 % ahead, so the
-/// avx512 tier keeps equal units for one token. On Zen 2 (avx2 tier, tg64 alternated) they
-/// put the 1.7B shape 5–6 % ahead, SmolLM2 5 % and the 8B shape 3 %: the avx2 tier takes them
-/// for one token too.
+/// avx512 tier keeps equal units for one token on AMD CPUs. On an Intel Xeon without AMX
+/// (family 6 model 207, tg64 alternated) they put the 1.7B shape 4–6 % ahead, SmolLM2 0–12 %
+/// and the 8B shape 1–4 %: the avx512 tier takes them for one token on Intel CPUs, as the amx
+/// tier does. On Zen 2 (avx2 tier, tg64 alternated) they put the 1.7B shape 5–6 % ahead,
+/// SmolLM2 5 % and the 8B shape 3 %: the avx2 tier takes them for one token too.
 fn shrinking_unit(table: &Table, w: &MatRef, acts: &Acts) -> Option<usize> {
     if !(table.shrinking.0..table.shrinking.1).contains(&acts.rows()) {
         return None;

@@ -48,8 +48,9 @@ pub(crate) const TABLE: Table = Table {
 };
 
 /// [`TABLE`] for Intel CPUs (AVX-512 without AMX): the same kernels, asking for the weights
-/// they stream as Sapphire Rapids wants (see `matmul::kernel`).
-pub(crate) const TABLE_INTEL: Table = Table { row_kernel: row_kernel_for::<true>, ..TABLE };
+/// they stream as Sapphire Rapids wants (see `matmul::kernel`), and one token's products in
+/// shrinking pieces as there (see `dispatch::shrinking_unit`).
+pub(crate) const TABLE_INTEL: Table = Table { row_kernel: row_kernel_for::<true>, shrinking: (1, 32), ..TABLE };
 
 /// The kernel for `ty` as [`TABLE`] has it (the weights asked for ahead as on AMD).
 pub(crate) fn row_kernel(ty: GgmlType) -> Option<RowKernel> {
