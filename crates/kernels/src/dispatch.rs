@@ -754,11 +754,8 @@ mod tests {
         let (amd, intel) = (with(&crate::x86::avx512::TABLE), with(&crate::x86::avx512::TABLE_INTEL));
         let pool = Pool::new(2);
         let (rows, cols) = (80, 384);
-        let mut seed = 1u32;
-        let mut next = move || {
-            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-        };
+        let mut rng = crate::test_rng::Lcg(1);
+        let mut next = move || rng.centered();
         for ty in [GgmlType::Q1_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
             let x: Vec<f32> = (0..rows * cols).map(|_| next()).collect();
             let mut data = vec![0u8; rows * ty.bytes_for(cols as u64).unwrap() as usize];

@@ -24,6 +24,8 @@ pub mod pack;
 mod pack_cache;
 pub mod pool;
 pub mod scalar;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod test_rng;
 pub mod tier;
 #[cfg(target_arch = "x86_64")]
 mod x86;

@@ -585,11 +585,10 @@ mod tests {
         if !KernelTier::Avx2.is_available() {
             return;
         }
-        let mut seed = 7u64;
+        let mut rng = crate::test_rng::Lcg(7);
         let mut next = move || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let e = ((seed >> 60) as i32) - 8;
-            ((seed >> 33) as f32 / (1u64 << 31) as f32 - 0.5) * 2f32.powi(e)
+            let e = (rng.byte() >> 4) as i32 - 8;
+            rng.centered() * 2f32.powi(e)
         };
         for _ in 0..1000 {
             let vals: [[f32; 8]; KEYS] = std::array::from_fn(|_| std::array::from_fn(|_| next()));

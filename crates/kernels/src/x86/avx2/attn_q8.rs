@@ -255,11 +255,8 @@ mod tests {
         }
         let (k, m, n) = (64, 3, 19);
         let row = k / 32 * 34;
-        let mut seed = 0x9e37_79b9u32;
-        let mut byte = move || {
-            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (seed >> 24) as u8
-        };
+        let mut rng = crate::test_rng::Lcg(0x9e37_79b9);
+        let mut byte = move || rng.byte();
         let mut rows = |count: usize, no_min: bool| -> Vec<u8> {
             let mut v: Vec<u8> = (0..count * row).map(|_| byte()).collect();
             for (i, b) in v.iter_mut().enumerate() {
