@@ -88,9 +88,15 @@ fn matmuls_match_the_scalar_reference() {
         for &ty in MATMUL_TYPES {
             let cols_unit = (ty.block_size() as usize).max(32).max(if ty.block_size() == 1 { 32 } else { 0 });
             let k = (256 / cols_unit).max(1) * cols_unit; // a multiple of every block size
-            for (rows, cols, tokens) in
-                [(1, k, 1), (37, 3 * k, 1), (19, k, 5), (33, 5 * k, 17), (64, 2 * k, 40), (130, 2 * k, 3)]
-            {
+            for (rows, cols, tokens) in [
+                (1, k, 1),
+                (37, 3 * k, 1),
+                (65, 3 * k, 2),
+                (19, k, 5),
+                (33, 5 * k, 17),
+                (64, 2 * k, 40),
+                (130, 2 * k, 3),
+            ] {
                 check_matmul(tier, ty, rows, cols, tokens, &mut rng);
             }
         }

@@ -108,30 +108,68 @@ unsafe fn q1_0_packed_rows<const L1: bool>(p: &PackedMat, rows: Range<usize>, ac
             let data = p.group(g);
             let row0 = g * GROUP;
             let n = rows.end - row0;
-            for t in 0..acts.rows() {
-                let (a, lut) = (planar_row(acts, t), tables.row(t));
+            // Tokens two at a time where two remain: each vector of weight bits is loaded, and
+            // its indices made, once for both (a second token cost as much as the first, the
+            // lookups' arithmetic as long as the weights' reading).
+            let mut t = 0;
+            while t < acts.rows() {
                 // SAFETY: this call owns rows `rows` of the output and the masks stop at them;
-                // `lut` holds the row's tables of its `p.cols` values.
-                unsafe {
-                    let res = if x4 {
-                        lut_group::<true, L1>(data, a, lut, nb)
+                // each token's tables hold its `p.cols` values.
+                t += unsafe {
+                    if acts.rows() - t >= 2 {
+                        token_group::<2, L1>(x4, data, acts, &tables, t, nb, row0, n, out)
                     } else {
-                        lut_group::<false, L1>(data, a, lut, nb)
-                    };
-                    for (q, v) in res.iter().enumerate() {
-                        let mask = ((1u32 << n.saturating_sub(16 * q).min(16)) - 1) as __mmask16;
-                        if mask != 0 {
-                            _mm512_mask_storeu_ps(out.ptr_at(t, row0 + 16 * q), mask, *v);
-                        }
+                        token_group::<1, L1>(x4, data, acts, &tables, t, nb, row0, n, out)
                     }
-                }
+                };
             }
         }
     })
 }
 
-/// One 64-row group of a packed Q1_0 matrix against one token: four vectors of 16 rows, in row
-/// order.
+/// Tokens `t .. t + T` against one 64-row group (rows `row0 ..`, `n` of them owned), stored;
+/// returns `T`.
+///
+/// # Safety
+/// As for [`lut_group`], with `tables` those of `acts`; this call owns the rows.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn token_group<const T: usize, const L1: bool>(
+    x4: bool,
+    data: &[u8],
+    acts: &Acts,
+    tables: &crate::x86::Tables,
+    t: usize,
+    nb: usize,
+    row0: usize,
+    n: usize,
+    out: OutPtr,
+) -> usize {
+    let a: [PlanarRow; T] = std::array::from_fn(|i| planar_row(acts, t + i));
+    let lut: [&[u8]; T] = std::array::from_fn(|i| tables.row(t + i));
+    // SAFETY: the caller's contract.
+    let res = unsafe {
+        if x4 { lut_group::<true, L1, T>(data, a, lut, nb) } else { lut_group::<false, L1, T>(data, a, lut, nb) }
+    };
+    for (i, res) in res.iter().enumerate() {
+        for (q, v) in res.iter().enumerate() {
+            let mask = ((1u32 << n.saturating_sub(16 * q).min(16)) - 1) as __mmask16;
+            if mask != 0 {
+                // SAFETY: the caller owns these rows; the mask stops at them.
+                unsafe { _mm512_mask_storeu_ps(out.ptr_at(t + i, row0 + 16 * q), mask, *v) };
+            }
+        }
+    }
+    T
+}
+
+/// One 64-row group of a packed Q1_0 matrix against `T` tokens (one or two): per token, four
+/// vectors of 16 rows, in row order. Each token's sums and float work are what it gets alone;
+/// only the loads of the bits and their indices are shared. Two tokens cost about 1.1 times
+/// one in arithmetic (`gemm_speed q1_0 2 1 2048 2048 avx512`, one thread, on a Xeon without
+/// AMX: 161–170 G multiply-adds a second against 141–152 for one token) and read the weights
+/// once: two sequences of the Bonsai-1.7B shape decoded 90–91 → 122–127 tokens/s
+/// (`batched-bench -npl 2`), the single sequence the same.
 ///
 /// Each 64-byte vector of weight bits (byte r: row r's eight weights of values `8v .. 8v + 8`)
 /// is read as 32 words, word i holding rows 2i and 2i + 1; three shifts make the indices from
@@ -152,7 +190,12 @@ unsafe fn q1_0_packed_rows<const L1: bool>(p: &PackedMat, rows: Range<usize>, ac
 /// `a` a planar row of `128 · nb` values with `4 · nb` scales, and `lut` its lookup tables as
 /// words (`nb · WORD_TABLES_BLOCK` bytes).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-unsafe fn lut_group<const X4: bool, const L1: bool>(data: &[u8], a: PlanarRow, lut: &[u8], nb: usize) -> [__m512; 4] {
+unsafe fn lut_group<const X4: bool, const L1: bool, const T: usize>(
+    data: &[u8],
+    a: [PlanarRow; T],
+    lut: [&[u8]; T],
+    nb: usize,
+) -> [[__m512; 4]; T] {
     const EVEN: [i32; 16] = scale_picks(rows_from(0, 2));
     const ODD: [i32; 16] = scale_picks(rows_from(1, 2));
     const FIRST: [i32; 16] = [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23];
@@ -160,8 +203,8 @@ unsafe fn lut_group<const X4: bool, const L1: bool>(data: &[u8], a: PlanarRow, l
     // SAFETY: each constant is 16 i32.
     let [even, odd, first, second] =
         [EVEN, ODD, FIRST, SECOND].map(|c| unsafe { _mm512_loadu_si512(c.as_ptr() as *const _) });
-    // Lanes of `acc`: even rows 0-30, odd rows 1-31, even rows 32-62, odd rows 33-63.
-    let mut acc = [_mm512_setzero_ps(); 4];
+    // Per token, lanes of `acc`: even rows 0-30, odd rows 1-31, even rows 32-62, odd rows 33-63.
+    let mut acc = [[_mm512_setzero_ps(); 4]; T];
     for b in 0..nb {
         // SAFETY: block `b < nb` of the group (the contract).
         let blk = unsafe { data.as_ptr().add(b * Q1_GROUP_BLOCK) };
@@ -169,66 +212,87 @@ unsafe fn lut_group<const X4: bool, const L1: bool>(data: &[u8], a: PlanarRow, l
         // beside its lookups (`lut_sums`; a burst of the block's 18 lines at once left a core
         // waiting).
         ahead::<L1>(blk, 2 * GROUP);
-        // SAFETY: the block's 16 vectors of sign bits and the row's tables of its 128 values
-        // (the contract).
-        let sums = |vs: Range<usize>| unsafe {
-            lut_sums::<L1>(blk.add(2 * GROUP), lut.as_ptr().add(WORD_TABLES_BLOCK * b), vs)
-        };
-        // SAFETY: scale `4b + k < 4 · nb` of the row (the contract).
-        let scale = |k: usize| _mm512_set1_ps(unsafe { *a.scales.get_unchecked(4 * b + k) });
-        let t = if X4 {
-            let d = scale(0);
-            widen(sums(0..16)).map(|c| _mm512_mul_ps(_mm512_cvtepi32_ps(c), d))
-        } else {
-            let mut t = [_mm512_setzero_ps(); 4];
-            for k in 0..4 {
-                let (c, d) = (widen(sums(4 * k..4 * k + 4)), scale(k));
+        // SAFETY: each token's tables of the block's 128 values (the contract).
+        let luts: [*const u8; T] = std::array::from_fn(|i| unsafe { lut[i].as_ptr().add(WORD_TABLES_BLOCK * b) });
+        // SAFETY: the block's 16 vectors of sign bits and the tokens' tables (the contract).
+        let sums = |vs: Range<usize>| unsafe { lut_sums::<L1, T>(blk.add(2 * GROUP), luts, vs) };
+        // SAFETY: scale `4b + k < 4 · nb` of each row (the contract).
+        let scale = |i: usize, k: usize| _mm512_set1_ps(unsafe { *a[i].scales.get_unchecked(4 * b + k) });
+        let mut t = [[_mm512_setzero_ps(); 4]; T];
+        if X4 {
+            let s = sums(0..16);
+            for i in 0..T {
+                let (c, d) = (widen(s[i]), scale(i, 0));
                 for q in 0..4 {
-                    let c = _mm512_cvtepi32_ps(c[q]);
-                    t[q] = if k == 0 { _mm512_mul_ps(c, d) } else { _mm512_fmadd_ps(c, d, t[q]) };
+                    t[i][q] = _mm512_mul_ps(_mm512_cvtepi32_ps(c[q]), d);
                 }
             }
-            t
-        };
+        } else {
+            for k in 0..4 {
+                let s = sums(4 * k..4 * k + 4);
+                for i in 0..T {
+                    let (c, d) = (widen(s[i]), scale(i, k));
+                    for q in 0..4 {
+                        let c = _mm512_cvtepi32_ps(c[q]);
+                        t[i][q] = if k == 0 { _mm512_mul_ps(c, d) } else { _mm512_fmadd_ps(c, d, t[i][q]) };
+                    }
+                }
+            }
+        }
         // SAFETY: a block of the group (the contract).
         let scales = unsafe { block_scales(blk, [even, odd]) };
-        for q in 0..4 {
-            acc[q] = _mm512_fmadd_ps(t[q], scales[q], acc[q]);
+        for i in 0..T {
+            for q in 0..4 {
+                acc[i][q] = _mm512_fmadd_ps(t[i][q], scales[q], acc[i][q]);
+            }
         }
     }
-    [
-        _mm512_permutex2var_ps(acc[0], first, acc[1]),
-        _mm512_permutex2var_ps(acc[0], second, acc[1]),
-        _mm512_permutex2var_ps(acc[2], first, acc[3]),
-        _mm512_permutex2var_ps(acc[2], second, acc[3]),
-    ]
+    let mut res = [[_mm512_setzero_ps(); 4]; T];
+    for i in 0..T {
+        res[i] = [
+            _mm512_permutex2var_ps(acc[i][0], first, acc[i][1]),
+            _mm512_permutex2var_ps(acc[i][0], second, acc[i][1]),
+            _mm512_permutex2var_ps(acc[i][2], first, acc[i][3]),
+            _mm512_permutex2var_ps(acc[i][2], second, acc[i][3]),
+        ];
+    }
+    res
 }
 
-/// The exact sums of the weight vectors `vs` of a block against their tables, for the even
-/// rows and for the odd rows of a group (see [`lut_group`]).
+/// The exact sums of the weight vectors `vs` of a block against each token's tables, for the
+/// even rows and for the odd rows of a group (see [`lut_group`]): the bits are loaded and their
+/// indices made once for all `T` tokens.
 ///
 /// # Safety
-/// `bits` points at a block's 16 vectors of sign bits, `lut` at the word tables of its 128
-/// values (`WORD_TABLES_BLOCK` bytes); AVX-512 F/BW.
+/// `bits` points at a block's 16 vectors of sign bits, each of `lut` at the word tables of its
+/// 128 values (`WORD_TABLES_BLOCK` bytes); AVX-512 F/BW.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]
-unsafe fn lut_sums<const L1: bool>(bits: *const u8, lut: *const u8, vs: Range<usize>) -> (__m512i, __m512i) {
-    let (mut even, mut odd) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+unsafe fn lut_sums<const L1: bool, const T: usize>(
+    bits: *const u8,
+    lut: [*const u8; T],
+    vs: Range<usize>,
+) -> [(__m512i, __m512i); T] {
+    let mut sums = [(_mm512_setzero_si512(), _mm512_setzero_si512()); T];
     for v in vs {
         ahead::<L1>(bits.wrapping_add(64 * v), 64);
-        // SAFETY: vector `v < 16` of each (the contract).
-        let (w, low, high) = unsafe {
-            (
-                _mm512_loadu_si512(bits.add(64 * v) as *const _),
-                _mm512_loadu_si512(lut.add(64 * v) as *const _),
-                _mm512_broadcast_i32x4(_mm_loadu_si128(lut.add(WORD_TABLES_HIGH + 16 * v) as *const _)),
-            )
-        };
-        let (lo, hi) = (|i| _mm512_permutexvar_epi16(i, low), |i| _mm512_permutexvar_epi16(i, high));
-        even = _mm512_add_epi16(even, _mm512_add_epi16(lo(w), hi(_mm512_srli_epi16::<5>(w))));
-        odd = _mm512_add_epi16(odd, _mm512_add_epi16(lo(_mm512_srli_epi16::<8>(w)), hi(_mm512_srli_epi16::<13>(w))));
+        // SAFETY: vector `v < 16` of the bits (the contract).
+        let w = unsafe { _mm512_loadu_si512(bits.add(64 * v) as *const _) };
+        let idx = [_mm512_srli_epi16::<5>(w), _mm512_srli_epi16::<8>(w), _mm512_srli_epi16::<13>(w)];
+        for (i, (even, odd)) in sums.iter_mut().enumerate() {
+            // SAFETY: vector `v < 16` of each token's tables (the contract).
+            let (low, high) = unsafe {
+                (
+                    _mm512_loadu_si512(lut[i].add(64 * v) as *const _),
+                    _mm512_broadcast_i32x4(_mm_loadu_si128(lut[i].add(WORD_TABLES_HIGH + 16 * v) as *const _)),
+                )
+            };
+            let (lo, hi) = (|i| _mm512_permutexvar_epi16(i, low), |i| _mm512_permutexvar_epi16(i, high));
+            *even = _mm512_add_epi16(*even, _mm512_add_epi16(lo(w), hi(idx[0])));
+            *odd = _mm512_add_epi16(*odd, _mm512_add_epi16(lo(idx[1]), hi(idx[2])));
+        }
     }
-    (even, odd)
+    sums
 }
 
 /// Ask for the `len` bytes of weights ahead of `at` (see [`q1_0_packed_rows`]).
