@@ -92,6 +92,7 @@ fn matmuls_match_the_scalar_reference() {
                 (1, k, 1),
                 (37, 3 * k, 1),
                 (65, 3 * k, 2),
+                (45, 2 * k, 4),
                 (19, k, 5),
                 (33, 5 * k, 17),
                 (64, 2 * k, 40),

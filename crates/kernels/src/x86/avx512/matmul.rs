@@ -108,18 +108,19 @@ unsafe fn q1_0_packed_rows<const L1: bool>(p: &PackedMat, rows: Range<usize>, ac
             let data = p.group(g);
             let row0 = g * GROUP;
             let n = rows.end - row0;
-            // Tokens two at a time where two remain: each vector of weight bits is loaded, and
-            // its indices made, once for both (a second token cost as much as the first, the
+            // Tokens up to four at a time: each vector of weight bits is loaded, and its indices
+            // made, once for all of them (a second token cost as much as the first, the
             // lookups' arithmetic as long as the weights' reading).
             let mut t = 0;
             while t < acts.rows() {
                 // SAFETY: this call owns rows `rows` of the output and the masks stop at them;
                 // each token's tables hold its `p.cols` values.
                 t += unsafe {
-                    if acts.rows() - t >= 2 {
-                        token_group::<2, L1>(x4, data, acts, &tables, t, nb, row0, n, out)
-                    } else {
-                        token_group::<1, L1>(x4, data, acts, &tables, t, nb, row0, n, out)
+                    match acts.rows() - t {
+                        4.. => token_group::<4, L1>(x4, data, acts, &tables, t, nb, row0, n, out),
+                        3 => token_group::<3, L1>(x4, data, acts, &tables, t, nb, row0, n, out),
+                        2 => token_group::<2, L1>(x4, data, acts, &tables, t, nb, row0, n, out),
+                        _ => token_group::<1, L1>(x4, data, acts, &tables, t, nb, row0, n, out),
                     }
                 };
             }
@@ -163,7 +164,7 @@ unsafe fn token_group<const T: usize, const L1: bool>(
     T
 }
 
-/// One 64-row group of a packed Q1_0 matrix against `T` tokens (one or two): per token, four
+/// One 64-row group of a packed Q1_0 matrix against `T` tokens (one to four): per token, four
 /// vectors of 16 rows, in row order. Each token's sums and float work are what it gets alone;
 /// only the loads of the bits and their indices are shared. Two tokens cost about 1.1 times
 /// one in arithmetic (`gemm_speed q1_0 2 1 2048 2048 avx512`, one thread, on a Xeon without

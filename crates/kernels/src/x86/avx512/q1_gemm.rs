@@ -1,8 +1,9 @@
 //! Packed Q1_0 × Q8_0x4 activations for several tokens at once, on AVX-512 VNNI without AMX
 //! (AMD Zen 4, Intel Ice Lake and later): the products of prefill and of batched decode.
 //!
-//! The lookup-table kernel (`matmul::lut_group`) costs the same per token however many tokens
-//! share the weights, so a batch is compute-bound there. Here each 1-bit weight is expanded once
+//! The lookup-table kernel (`matmul::lut_group`) costs nearly the same per token however many
+//! tokens share the weights (up to four share the loads of the bits), so a batch is
+//! compute-bound there. Here each 1-bit weight is expanded once
 //! per tile of tokens into a byte in {0, 2}, laid out for `vpdpbusd`: sixteen rows in the
 //! sixteen lanes, four consecutive weights per lane. Every token of the tile then costs one
 //! `vpdpbusd` per 64 weights, its four activation bytes broadcast from memory. Since
@@ -23,9 +24,13 @@ use crate::matmul::OutPtr;
 use crate::pack::{GROUP, PackedMat, Q1_GROUP_BLOCK, scale_order};
 use crate::x86::{PlanarRow, planar_row};
 
-/// Tokens at which products switch from the lookup tables to this kernel (measured on Zen 4:
-/// below it the per-token lookup is cheaper than expanding the weights).
-pub(super) const MIN_TOKENS: usize = 3;
+/// Tokens at which products switch from the lookup tables to this kernel: below it the
+/// lookups, which share each load of the bits between up to four tokens, are cheaper than
+/// expanding the weights. On a Xeon without AMX (family 6 model 207), the Bonsai-1.7B shape's
+/// sequences decoding together (`batched-bench -npl 3,4,5`): 3 by lookup 140.6 tokens/s against
+/// 114–118 in a tile, 4 143–145 against 133–134, 5 (four and one) 137–141 against 145–146.
+/// (Zen 4, before the lookups shared their loads, measured 3.)
+pub(super) const MIN_TOKENS: usize = 5;
 
 /// Whether this kernel serves a product with `acts`.
 pub(super) fn serves(acts: &Acts) -> bool {
