@@ -188,8 +188,8 @@ unsafe fn token_group<const T: usize, const L1: bool>(
 ///
 /// # Safety
 /// `data` is a group of a packed Q1_0 matrix of `nb` 128-blocks (`nb · Q1_GROUP_BLOCK` bytes),
-/// `a` a planar row of `128 · nb` values with `4 · nb` scales, and `lut` its lookup tables as
-/// words (`nb · WORD_TABLES_BLOCK` bytes).
+/// each of `a` a planar row of `128 · nb` values with `4 · nb` scales, and the same of `lut`
+/// its lookup tables as words (`nb · WORD_TABLES_BLOCK` bytes).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 unsafe fn lut_group<const X4: bool, const L1: bool, const T: usize>(
     data: &[u8],
