@@ -3,9 +3,9 @@
 //!
 //! The lookup-table kernel (`matmul::lut_group`) costs nearly the same per token however many
 //! tokens share the weights (up to four share the loads of the bits), so a batch is
-//! compute-bound there. Here each 1-bit weight is expanded once
-//! per tile of tokens into a byte in {0, 2}, laid out for `vpdpbusd`: sixteen rows in the
-//! sixteen lanes, four consecutive weights per lane. Every token of the tile then costs one
+//! compute-bound there. Here each 1-bit weight is expanded once per tile of tokens into a byte
+//! in {0, 2}, laid out for `vpdpbusd`: sixteen rows in the sixteen lanes, four consecutive
+//! weights per lane. Every token of the tile then costs one
 //! `vpdpbusd` per 64 weights, its four activation bytes broadcast from memory. Since
 //! `Σ a·(2b − 1) = 2·Σ a·b − Σ a`, the block's integer sum is the lookup kernel's exactly (the
 //! activations' exact block sums come with the planar layout), and the float recipe after it is
@@ -119,10 +119,6 @@ trait Weights {
     /// # Safety
     /// `b` is a block this source holds, `q < 4`, `v < 16`; AVX-512 F/BW/VL.
     unsafe fn get(&self, b: usize, q: usize, v: usize) -> [__m512i; 2];
-
-    /// Whether [`Weights::get`] reads the packed bits as it goes (so that [`group`] asks for
-    /// them ahead), rather than a buffer expanded before.
-    const STREAMS: bool = false;
 }
 
 /// Blocks ahead of the one being expanded whose lines are asked for into L1.
@@ -173,10 +169,10 @@ impl<'a> Expand<'a> {
 }
 
 impl Weights for Expand<'_> {
-    const STREAMS: bool = true;
-
+    /// Also asks for a line of the block [`AHEAD_BLOCKS`] on ([`ask_ahead`]).
     #[inline(always)]
     unsafe fn get(&self, b: usize, q: usize, v: usize) -> [__m512i; 2] {
+        ask_ahead(self.data.as_ptr().wrapping_add(b * Q1_GROUP_BLOCK), q, v);
         // SAFETY: vector `v` of block `b` (inside the group: the caller's contract) is 64 bytes
         // at 128 + 64v; rows 16q .. 16q + 16 are its bytes 16q .. 16q + 16.
         unsafe {
@@ -240,7 +236,6 @@ unsafe fn shared_tiles(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutP
                     let b1 = nb.min(b0 + RANGE_BLOCKS);
                     for (i, v2) in buf.chunks_exact_mut(2).take((b1 - b0) * 64).enumerate() {
                         let (b, q, v) = (b0 + i / 64, i / 16 % 4, i % 16);
-                        ask_ahead(data.as_ptr().wrapping_add(b * Q1_GROUP_BLOCK), q, v);
                         // SAFETY: blocks b0 .. b1 < nb lie inside the group (asserted); AVX-512.
                         v2.copy_from_slice(&unsafe { expand.get(b, q, v) });
                     }
@@ -359,9 +354,6 @@ unsafe fn group<const T: usize, W: Weights>(
         for q in 0..4 {
             let mut acc = neg_sa;
             for v in 0..16 {
-                if W::STREAMS {
-                    ask_ahead(blk, q, v);
-                }
                 // SAFETY: block `b` is one `w` holds (the caller's contract), q < 4, v < 16.
                 let ws = unsafe { w.get(b, q, v) };
                 for (h, wh) in ws.iter().enumerate() {
