@@ -6,20 +6,14 @@
 
 use super::kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K, scale_min_k4};
 use super::lanes::make_qkx2_quants_lanes;
-use super::{half, nearest_int, to_half};
+use super::{half, nearest_int, signed_absmax, to_half};
 
 const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// Symmetric fit for Q3_K sub-blocks, refined by coordinate descent; L is stored plus `nmax`.
 fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
-    let (mut max, mut amax) = (0.0f32, 0.0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    if amax < GROUP_MAX_EPS {
+    let max = signed_absmax(x);
+    if max.abs() < GROUP_MAX_EPS {
         l_out.iter_mut().for_each(|l| *l = 0);
         return 0.0;
     }
@@ -109,32 +103,35 @@ pub fn quantize_q2_k(x: &[f32], y: &mut [BlockQ2K]) {
         } else {
             b.dmin = to_half(0.0);
         }
-        for j in 0..QK_K / 16 {
-            let d = half(b.d) * (b.scales[j] & 0x0f) as f32;
-            if d == 0.0 {
-                continue;
-            }
-            let dm = half(b.dmin) * (b.scales[j] >> 4) as f32;
-            for ii in 0..16 {
-                l[16 * j + ii] = nearest_int((xs[16 * j + ii] + dm) / d).clamp(0, 3) as u8;
-            }
-        }
-        pack_2bit(&l, &mut b.qs);
+        q2k_finish(b, xs, &mut l);
     }
+}
+
+/// Q2_K's last steps once its scales, mins, `d` and `dmin` are set: every weight rounded again
+/// against its packed sub-block scale and min (left as fitted in `l` where that scale is 0),
+/// then packed into `qs`.
+pub(super) fn q2k_finish(b: &mut BlockQ2K, xs: &[f32], l: &mut [u8; QK_K]) {
+    for j in 0..QK_K / 16 {
+        let d = half(b.d) * (b.scales[j] & 0x0f) as f32;
+        if d == 0.0 {
+            continue;
+        }
+        let dm = half(b.dmin) * (b.scales[j] >> 4) as f32;
+        for ii in 0..16 {
+            l[16 * j + ii] = nearest_int((xs[16 * j + ii] + dm) / d).clamp(0, 3) as u8;
+        }
+    }
+    pack_2bit(l, &mut b.qs);
 }
 
 pub fn quantize_q3_k(x: &[f32], y: &mut [BlockQ3K]) {
     for (b, xs) in y.iter_mut().zip(x.chunks_exact(QK_K)) {
         let mut l = [0i8; QK_K];
         let mut scales = [0f32; QK_K / 16];
-        let (mut max_scale, mut amax) = (0.0f32, 0.0f32);
         for j in 0..QK_K / 16 {
             scales[j] = make_q3_quants(4, &xs[16 * j..16 * j + 16], &mut l[16 * j..16 * j + 16]);
-            if scales[j].abs() > amax {
-                amax = scales[j].abs();
-                max_scale = scales[j];
-            }
         }
+        let max_scale = signed_absmax(&scales);
         b.scales = [0; 12];
         if max_scale != 0.0 {
             let iscale = -32.0 / max_scale;
@@ -217,43 +214,86 @@ fn quantize_k4_scales(
     }
     let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
-    for j in 0..QK_K / 32 {
-        let ls = (nearest_int(inv_scale * scales[j]) as u8).min(63);
-        let lm = (nearest_int(inv_min * mins[j]) as u8).min(63);
-        if j < 4 {
-            packed[j] = ls;
-            packed[j + 4] = lm;
-        } else {
-            packed[j + 4] = (ls & 0x0f) | ((lm & 0x0f) << 4);
-            packed[j - 4] |= (ls >> 4) << 6;
-            packed[j] |= (lm >> 4) << 6;
-        }
-    }
+    let ls: [u8; 8] = std::array::from_fn(|j| (nearest_int(inv_scale * scales[j]) as u8).min(63));
+    let lm: [u8; 8] = std::array::from_fn(|j| (nearest_int(inv_min * mins[j]) as u8).min(63));
+    *packed = k4_pack_scales(ls, lm);
     *d = to_half(max_scale / 63.0);
     *dmin = to_half(max_min / 63.0);
+    k4_requantize(xs, nmax, *d, *dmin, packed, &mut l);
+    l
+}
+
+/// Eight 6-bit Q4_K/Q5_K sub-block scales and mins packed into their 12 scale bytes.
+pub(super) fn k4_pack_scales(ls: [u8; 8], lm: [u8; 8]) -> [u8; 12] {
+    let mut packed = [0u8; 12];
+    for j in 0..8 {
+        let (s, m) = (ls[j], lm[j]);
+        if j < 4 {
+            packed[j] = s;
+            packed[j + 4] = m;
+        } else {
+            packed[j + 4] = (s & 0x0f) | ((m & 0x0f) << 4);
+            packed[j - 4] |= (s >> 4) << 6;
+            packed[j] |= (m >> 4) << 6;
+        }
+    }
+    packed
+}
+
+/// Every weight rounded again (`0..=nmax`) against its packed Q4_K/Q5_K sub-block scale and
+/// min; left as fitted in `l` where that scale is 0.
+pub(super) fn k4_requantize(xs: &[f32], nmax: i32, d: [u8; 2], dmin: [u8; 2], packed: &[u8; 12], l: &mut [u8; QK_K]) {
     for j in 0..QK_K / 32 {
         let (sc, m) = scale_min_k4(j, packed);
-        let dj = half(*d) * sc as f32;
+        let dj = half(d) * sc as f32;
         if dj == 0.0 {
             continue;
         }
-        let dm = half(*dmin) * m as f32;
+        let dm = half(dmin) * m as f32;
         for ii in 0..32 {
             l[32 * j + ii] = nearest_int((xs[32 * j + ii] + dm) / dj).clamp(0, nmax) as u8;
         }
     }
-    l
+}
+
+/// Q4_K levels (`0..16`) into `qs`: byte i of each 32-byte group holds weights i (low nibble)
+/// and i + 32 (high) of its 64.
+pub(super) fn pack_q4_k(l: &[u8; QK_K], qs: &mut [u8; QK_K / 2]) {
+    for (j, q) in qs.chunks_exact_mut(32).enumerate() {
+        for (i, qb) in q.iter_mut().enumerate() {
+            *qb = l[64 * j + i] | (l[64 * j + i + 32] << 4);
+        }
+    }
+}
+
+/// Q5_K levels (`0..32`): the low four bits as Q4_K's, the fifth of weights i and i + 32 of
+/// group n in bits 2n and 2n + 1 of `qh[i]`.
+pub(super) fn pack_q5_k(l: &[u8; QK_K], qs: &mut [u8; QK_K / 2], qh: &mut [u8; QK_K / 8]) {
+    *qh = [0; QK_K / 8];
+    let (mut m1, mut m2) = (1u8, 2u8);
+    for (n, ql) in qs.chunks_exact_mut(32).enumerate() {
+        for (j, q) in ql.iter_mut().enumerate() {
+            let (mut l1, mut l2) = (l[64 * n + j], l[64 * n + j + 32]);
+            if l1 > 15 {
+                l1 -= 16;
+                qh[j] |= m1;
+            }
+            if l2 > 15 {
+                l2 -= 16;
+                qh[j] |= m2;
+            }
+            *q = l1 | (l2 << 4);
+        }
+        m1 <<= 2;
+        m2 <<= 2;
+    }
 }
 
 pub fn quantize_q4_k(x: &[f32], y: &mut [BlockQ4K]) {
     for (b, xs) in y.iter_mut().zip(x.chunks_exact(QK_K)) {
         b.scales = [0; 12];
         let l = quantize_k4_scales(xs, 15, -1.0, 20, &mut b.d, &mut b.dmin, &mut b.scales);
-        for (j, q) in b.qs.chunks_exact_mut(32).enumerate() {
-            for (i, qb) in q.iter_mut().enumerate() {
-                *qb = l[64 * j + i] | (l[64 * j + i + 32] << 4);
-            }
-        }
+        pack_q4_k(&l, &mut b.qs);
     }
 }
 
@@ -261,24 +301,7 @@ pub fn quantize_q5_k(x: &[f32], y: &mut [BlockQ5K]) {
     for (b, xs) in y.iter_mut().zip(x.chunks_exact(QK_K)) {
         b.scales = [0; 12];
         let l = quantize_k4_scales(xs, 31, -0.5, 15, &mut b.d, &mut b.dmin, &mut b.scales);
-        b.qh = [0; QK_K / 8];
-        let (mut m1, mut m2) = (1u8, 2u8);
-        for (n, ql) in b.qs.chunks_exact_mut(32).enumerate() {
-            for (j, q) in ql.iter_mut().enumerate() {
-                let (mut l1, mut l2) = (l[64 * n + j], l[64 * n + j + 32]);
-                if l1 > 15 {
-                    l1 -= 16;
-                    b.qh[j] |= m1;
-                }
-                if l2 > 15 {
-                    l2 -= 16;
-                    b.qh[j] |= m2;
-                }
-                *q = l1 | (l2 << 4);
-            }
-            m1 <<= 2;
-            m2 <<= 2;
-        }
+        pack_q5_k(&l, &mut b.qs, &mut b.qh);
     }
 }
 
@@ -287,39 +310,40 @@ pub fn quantize_q6_k(x: &[f32], y: &mut [BlockQ6K]) {
         let mut l = [0i8; QK_K];
         let w: [f32; QK_K] = std::array::from_fn(|i| xs[i] * xs[i]);
         let scales = super::lanes::make_qx_quants_x16(32, xs, &w, &mut l);
-        let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
-        for ib in 0..QK_K / 16 {
-            if scales[ib].abs() > max_abs_scale {
-                max_abs_scale = scales[ib].abs();
-                max_scale = scales[ib];
-            }
-        }
-        if max_abs_scale < GROUP_MAX_EPS {
-            *b = bytemuck::Zeroable::zeroed();
+        q6k_finish(b, xs, &scales, &mut l);
+    }
+}
+
+/// Q6_K's last steps once its sixteen sub-block scales are fitted (`l` holding the fits): the
+/// 8-bit scales and `d` (a block of scales all near 0 is all zeros), every weight rounded again
+/// against its scale (left as fitted where that scale is 0), then packed into `ql` and `qh`.
+pub(super) fn q6k_finish(b: &mut BlockQ6K, xs: &[f32], scales: &[f32; QK_K / 16], l: &mut [i8; QK_K]) {
+    let max_scale = signed_absmax(scales);
+    if max_scale.abs() < GROUP_MAX_EPS {
+        *b = bytemuck::Zeroable::zeroed();
+        return;
+    }
+    let iscale = -128.0 / max_scale;
+    b.d = to_half(1.0 / iscale);
+    for (s, &sc) in b.scales.iter_mut().zip(scales) {
+        *s = nearest_int(iscale * sc).min(127) as i8;
+    }
+    for j in 0..QK_K / 16 {
+        let d = half(b.d) * b.scales[j] as f32;
+        if d == 0.0 {
             continue;
         }
-        let iscale = -128.0 / max_scale;
-        b.d = to_half(1.0 / iscale);
-        for (s, &sc) in b.scales.iter_mut().zip(&scales) {
-            *s = nearest_int(iscale * sc).min(127) as i8;
+        for ii in 0..16 {
+            l[16 * j + ii] = (nearest_int(xs[16 * j + ii] / d).clamp(-32, 31) + 32) as i8;
         }
-        for j in 0..QK_K / 16 {
-            let d = half(b.d) * b.scales[j] as f32;
-            if d == 0.0 {
-                continue;
-            }
-            for ii in 0..16 {
-                l[16 * j + ii] = (nearest_int(xs[16 * j + ii] / d).clamp(-32, 31) + 32) as i8;
-            }
-        }
-        for n in 0..2 {
-            let (ql, qh) = (&mut b.ql[64 * n..64 * n + 64], &mut b.qh[32 * n..32 * n + 32]);
-            let lv = |i: usize| l[128 * n + i] as u8;
-            for i in 0..32 {
-                ql[i] = (lv(i) & 0x0f) | ((lv(i + 64) & 0x0f) << 4);
-                ql[i + 32] = (lv(i + 32) & 0x0f) | ((lv(i + 96) & 0x0f) << 4);
-                qh[i] = (lv(i) >> 4) | ((lv(i + 32) >> 4) << 2) | ((lv(i + 64) >> 4) << 4) | ((lv(i + 96) >> 4) << 6);
-            }
+    }
+    for n in 0..2 {
+        let (ql, qh) = (&mut b.ql[64 * n..64 * n + 64], &mut b.qh[32 * n..32 * n + 32]);
+        let lv = |i: usize| l[128 * n + i] as u8;
+        for i in 0..32 {
+            ql[i] = (lv(i) & 0x0f) | ((lv(i + 64) & 0x0f) << 4);
+            ql[i + 32] = (lv(i + 32) & 0x0f) | ((lv(i + 96) & 0x0f) << 4);
+            qh[i] = (lv(i) >> 4) | ((lv(i + 32) >> 4) << 2) | ((lv(i + 64) >> 4) << 4) | ((lv(i + 96) >> 4) << 6);
         }
     }
 }
@@ -327,14 +351,8 @@ pub fn quantize_q6_k(x: &[f32], y: &mut [BlockQ6K]) {
 /// Q8_K: scale = -max / 127 from the signed absolute maximum, round half to even, block sums.
 pub fn quantize_q8_k(x: &[f32], y: &mut [BlockQ8K]) {
     for (b, xs) in y.iter_mut().zip(x.chunks_exact(QK_K)) {
-        let (mut max, mut amax) = (0.0f32, 0.0f32);
-        for &v in xs {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        if amax == 0.0 {
+        let max = signed_absmax(xs);
+        if max == 0.0 {
             *b = bytemuck::Zeroable::zeroed();
             continue;
         }

@@ -6,7 +6,7 @@
 use bytemuck::{Pod, Zeroable};
 use onebit_gguf::GgmlType;
 
-use super::{Block, half, to_half};
+use super::{Block, half, signed_absmax, to_half};
 
 pub const QK: usize = 32;
 
@@ -96,18 +96,6 @@ pub fn dequantize_q8_1(x: &[BlockQ8_1], y: &mut [f32]) {
             *o = q as f32 * d;
         }
     }
-}
-
-/// The value of largest magnitude (the first one, on ties), with its sign.
-fn signed_absmax(xs: &[f32]) -> f32 {
-    let (mut amax, mut max) = (0.0f32, 0.0f32);
-    for &v in xs {
-        if amax < v.abs() {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    max
 }
 
 fn min_max(xs: &[f32]) -> (f32, f32) {

@@ -53,6 +53,19 @@ pub(crate) fn to_half(x: f32) -> [u8; 2] {
     f32_to_f16(x).to_le_bytes()
 }
 
+/// The value of largest magnitude (the first one, on ties), with its sign; 0 for none (ggml's
+/// `if (ax > amax) { amax = ax; max = v; }`, so a NaN never wins).
+pub(crate) fn signed_absmax(xs: &[f32]) -> f32 {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in xs {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    max
+}
+
 /// ggml's `nearest_int`: round half to even through the float adder, for |x| < 2^22.
 #[inline(always)]
 pub(crate) fn nearest_int(x: f32) -> i32 {

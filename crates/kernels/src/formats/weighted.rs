@@ -9,11 +9,13 @@
 
 use onebit_gguf::GgmlType;
 
-use super::kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, QK_K, scale_min_k4};
-use super::kquants_quantize::{pack_2bit, q3k_finish, q3k_pack_scales};
+use super::kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, QK_K};
+use super::kquants_quantize::{
+    k4_pack_scales, k4_requantize, pack_q4_k, pack_q5_k, q2k_finish, q3k_finish, q3k_pack_scales, q6k_finish,
+};
 use super::lanes::make_qx_quants_x16;
 use super::legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, pack_q5};
-use super::{blocks_mut, half, nearest_int, to_half};
+use super::{blocks_mut, nearest_int, signed_absmax, to_half};
 use crate::KernelError;
 
 const GROUP_MAX_EPS: f32 = 1e-15;
@@ -49,14 +51,8 @@ fn block_weights<const N: usize>(x: &[f32], qw: &[f32], sigma2: f32) -> [f32; N]
 /// Symmetric fit with explicit weights (ggml's `make_qx_quants`, rmse_type 1): levels
 /// `-nmax..nmax` (stored plus `nmax`), trying 18 scales around `-nmax / max`.
 fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8], w: &[f32]) -> f32 {
-    let (mut max, mut amax) = (0.0f32, 0.0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    if amax < GROUP_MAX_EPS {
+    let max = signed_absmax(x);
+    if max.abs() < GROUP_MAX_EPS {
         l_out.iter_mut().for_each(|l| *l = 0);
         return 0.0;
     }
@@ -323,21 +319,10 @@ fn q2_k(x: &[f32], y: &mut [BlockQ2K], qw: &[f32]) {
         let mm = make_qp_quants(15, &mins, &mut lm, &sw);
         b.d = to_half(dm);
         b.dmin = to_half(mm);
-        let (dm, mm) = (half(b.d), half(b.dmin));
         for j in 0..16 {
             b.scales[j] = ls[j] | (lm[j] << 4);
         }
-        for j in 0..16 {
-            let d = dm * (b.scales[j] & 0x0f) as f32;
-            if d == 0.0 {
-                continue;
-            }
-            let m = mm * (b.scales[j] >> 4) as f32;
-            for ii in 0..16 {
-                l[16 * j + ii] = nearest_int((xs[16 * j + ii] + m) / d).clamp(0, 3) as u8;
-            }
-        }
-        pack_2bit(&l, &mut b.qs);
+        q2k_finish(b, xs, &mut l);
     }
 }
 
@@ -380,66 +365,27 @@ fn k4_levels(
     let (mut ls, mut lm) = ([0u8; 8], [0u8; 8]);
     let d_block = make_qp_quants(63, &scales, &mut ls, &sw);
     let m_block = make_qp_quants(63, &mins, &mut lm, &sw);
-    *packed = [0; 12];
-    for j in 0..8 {
-        let (s, m) = if clip63 { (ls[j].min(63), lm[j].min(63)) } else { (ls[j], lm[j]) };
-        if j < 4 {
-            packed[j] = s;
-            packed[j + 4] = m;
-        } else {
-            packed[j + 4] = (s & 0x0f) | ((m & 0x0f) << 4);
-            packed[j - 4] |= (s >> 4) << 6;
-            packed[j] |= (m >> 4) << 6;
-        }
+    if clip63 {
+        (ls, lm) = (ls.map(|s| s.min(63)), lm.map(|m| m.min(63)));
     }
+    *packed = k4_pack_scales(ls, lm);
     *d = to_half(d_block);
     *dmin = to_half(m_block);
-    for j in 0..8 {
-        let (sc, m) = scale_min_k4(j, packed);
-        let dj = half(*d) * sc as f32;
-        if dj == 0.0 {
-            continue;
-        }
-        let dm = half(*dmin) * m as f32;
-        for ii in 0..32 {
-            l[32 * j + ii] = nearest_int((xs[32 * j + ii] + dm) / dj).clamp(0, nmax) as u8;
-        }
-    }
+    k4_requantize(xs, nmax, *d, *dmin, packed, &mut l);
     l
 }
 
 fn q4_k(x: &[f32], y: &mut [BlockQ4K], qw: &[f32]) {
     for (i, (b, xs)) in y.iter_mut().zip(x.chunks_exact(QK_K)).enumerate() {
         let l = k4_levels(xs, &qw[QK_K * i..], 15, false, &mut b.d, &mut b.dmin, &mut b.scales);
-        for (j, q) in b.qs.chunks_exact_mut(32).enumerate() {
-            for (ii, qb) in q.iter_mut().enumerate() {
-                *qb = l[64 * j + ii] | (l[64 * j + ii + 32] << 4);
-            }
-        }
+        pack_q4_k(&l, &mut b.qs);
     }
 }
 
 fn q5_k(x: &[f32], y: &mut [BlockQ5K], qw: &[f32]) {
     for (i, (b, xs)) in y.iter_mut().zip(x.chunks_exact(QK_K)).enumerate() {
         let l = k4_levels(xs, &qw[QK_K * i..], 31, true, &mut b.d, &mut b.dmin, &mut b.scales);
-        b.qh = [0; QK_K / 8];
-        let (mut m1, mut m2) = (1u8, 2u8);
-        for (n, ql) in b.qs.chunks_exact_mut(32).enumerate() {
-            for (j, q) in ql.iter_mut().enumerate() {
-                let (mut l1, mut l2) = (l[64 * n + j], l[64 * n + j + 32]);
-                if l1 > 15 {
-                    l1 -= 16;
-                    b.qh[j] |= m1;
-                }
-                if l2 > 15 {
-                    l2 -= 16;
-                    b.qh[j] |= m2;
-                }
-                *q = l1 | (l2 << 4);
-            }
-            m1 <<= 2;
-            m2 <<= 2;
-        }
+        pack_q5_k(&l, &mut b.qs, &mut b.qh);
     }
 }
 
@@ -448,39 +394,6 @@ fn q6_k(x: &[f32], y: &mut [BlockQ6K], qw: &[f32]) {
         let qw = &qw[QK_K * i..];
         let mut l = [0i8; QK_K];
         let scales = make_qx_quants_x16(32, xs, &qw[..QK_K], &mut l);
-        let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
-        for ib in 0..16 {
-            if scales[ib].abs() > max_abs_scale {
-                max_abs_scale = scales[ib].abs();
-                max_scale = scales[ib];
-            }
-        }
-        if max_abs_scale < GROUP_MAX_EPS {
-            *b = bytemuck::Zeroable::zeroed();
-            continue;
-        }
-        let iscale = -128.0 / max_scale;
-        b.d = to_half(1.0 / iscale);
-        for (s, &sc) in b.scales.iter_mut().zip(&scales) {
-            *s = nearest_int(iscale * sc).min(127) as i8;
-        }
-        for j in 0..16 {
-            let d = half(b.d) * b.scales[j] as f32;
-            if d == 0.0 {
-                continue;
-            }
-            for ii in 0..16 {
-                l[16 * j + ii] = (nearest_int(xs[16 * j + ii] / d).clamp(-32, 31) + 32) as i8;
-            }
-        }
-        for n in 0..2 {
-            let (ql, qh) = (&mut b.ql[64 * n..64 * n + 64], &mut b.qh[32 * n..32 * n + 32]);
-            let lv = |i: usize| l[128 * n + i] as u8;
-            for i in 0..32 {
-                ql[i] = (lv(i) & 0x0f) | ((lv(i + 64) & 0x0f) << 4);
-                ql[i + 32] = (lv(i + 32) & 0x0f) | ((lv(i + 96) & 0x0f) << 4);
-                qh[i] = (lv(i) >> 4) | ((lv(i + 32) >> 4) << 2) | ((lv(i + 64) >> 4) << 4) | ((lv(i + 96) >> 4) << 6);
-            }
-        }
+        q6k_finish(b, xs, &scales, &mut l);
     }
 }
