@@ -24,6 +24,7 @@ pub mod pack;
 mod pack_cache;
 pub mod pool;
 pub mod scalar;
+mod table;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod test_rng;
 pub mod tier;
@@ -32,10 +33,11 @@ mod x86;
 
 pub use act::{ActFormat, Acts};
 pub use disjoint::DisjointRows;
-pub use dispatch::{BatchRounding, Glu, Kernels, MAX_HEAD, Pages};
+pub use dispatch::{BatchRounding, Glu, Kernels};
 pub use matmul::MatRef;
 pub use pack::{PackedMat, PackedStore, Packer};
 pub use pool::{PerThread, Pool};
+pub use table::{MAX_HEAD, Pages};
 pub use tier::KernelTier;
 
 use onebit_gguf::GgmlType;

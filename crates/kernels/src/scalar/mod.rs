@@ -4,16 +4,16 @@
 pub mod dot;
 pub mod ops;
 
-use crate::dispatch::Table;
 use crate::matmul::RowKernel;
+use crate::table::Table;
 
 pub(crate) static TABLE: Table = Table {
     row_kernel: |ty| dot::dot_fn(ty).map(RowKernel::Dot),
     quantize_row: crate::act::quantize_row_ref,
-    batch_format: crate::dispatch::same_format,
+    batch_format: crate::table::same_format,
     prepare: |_, _, _| {},
     pack: |_| None,
-    batch_rows: crate::dispatch::default_batch_rows,
+    batch_rows: crate::table::default_batch_rows,
     shrinking: (2, 32),
     rms_norm: ops::rms_norm,
     softmax: ops::softmax,

@@ -390,7 +390,7 @@ pub(crate) fn prepare_planar(pool: &Pool, acts: &mut Acts, lut: Lut, extra: usiz
     let (src, aux) = acts.reset_aux(p.row_bytes, extra);
     // The lookup tables take eight bytes per value (ten as words, counted as eight here), the
     // rest of the layout about one.
-    let serial = rows * cols * if lut == Lut::None { 1 } else { 8 } < crate::dispatch::SERIAL_VALUES;
+    let serial = rows * cols * if lut == Lut::None { 1 } else { 8 } < crate::table::SERIAL_VALUES;
     if serial {
         let used = if lut == Lut::None { p.lut } else { p.row_bytes };
         // This thread alone reads and writes lines that the other threads may hold (it has

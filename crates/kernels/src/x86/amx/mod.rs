@@ -46,11 +46,11 @@ use super::avx512::legacy16::Ahead;
 use super::{Lut, prepare_planar};
 use crate::act::{ActFormat, Acts, AlignedBuf};
 use crate::disjoint::DisjointRows;
-use crate::dispatch::Table;
 use crate::formats::{BlockQ8_0, BlockQ8_1, BlockQ8K, blocks, f16_to_f32};
 use crate::matmul::{MatRef, OutPtr, RowKernel};
 use crate::pack::LEGACY_GROUP;
 use crate::pool::Pool;
+use crate::table::Table;
 use expand::TileRows;
 
 /// Its batch format is the AVX-512 tier's ([`super::q1_batch_format`]).

@@ -23,7 +23,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::dispatch::Pages;
+use crate::table::Pages;
 use crate::x86::{RunChunk, RunChunks};
 
 /// How the rows of a run are stored.

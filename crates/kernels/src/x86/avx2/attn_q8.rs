@@ -25,7 +25,7 @@ use std::arch::x86_64::*;
 use crate::x86::{RunChunk, RunChunks};
 
 /// Blocks a row may have.
-const MAX_BLOCKS: usize = crate::dispatch::MAX_HEAD / 32;
+const MAX_BLOCKS: usize = crate::table::MAX_HEAD / 32;
 
 /// Keys taken together: one per lane of a vector of f32.
 const KEYS: usize = 8;

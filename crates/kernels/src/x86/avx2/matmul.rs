@@ -1,7 +1,6 @@
 //! AVX2 products over the packed layouts (see [`crate::pack`]): Q1_0 by lookup tables (32
-//! rows per `vpshufb`) here, Q4_0/Q4_1/Q8_0 in [`super::legacy`]. Unpacked weights of those
-//! types take the scalar dot products; the other types have AVX2 dot products
-//! ([`super::kquants`], [`super::ternary`], [`super::floats`]).
+//! rows per `vpshufb`) here, Q4_0/Q4_1/Q8_0 in [`super::legacy`]. The tier's choice of kernel
+//! per type is in its `mod.rs`.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -9,49 +8,9 @@ use std::ops::Range;
 use onebit_gguf::GgmlType;
 
 use crate::act::{ActFormat, Acts};
-use crate::matmul::{MatRef, OutPtr, RowKernel, TiledFn};
+use crate::matmul::{MatRef, OutPtr};
 use crate::pack::{GROUP, PackedMat, Q1_GROUP_BLOCK, scale_order};
 use crate::x86::{Lut, PlanarRow, planar_row, with_tables};
-
-pub(super) fn kernel(ty: GgmlType) -> Option<RowKernel> {
-    let scalar = crate::scalar::dot::dot_fn(ty)?;
-    let f: TiledFn = match ty {
-        GgmlType::Q1_0 => |w, r, a, o| packed_or(w, r, a, o, q1_0_packed),
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
-            |w, r, a, o| packed_or(w, r, a, o, super::legacy::packed)
-        }
-        GgmlType::Q2_K => return Some(RowKernel::Dot(super::kquants::dot_q2_k)),
-        GgmlType::Q3_K => return Some(RowKernel::Dot(super::kquants::dot_q3_k)),
-        GgmlType::Q4_K => return Some(RowKernel::Dot(super::kquants::dot_q4_k)),
-        GgmlType::Q5_K => return Some(RowKernel::Dot(super::kquants::dot_q5_k)),
-        GgmlType::Q6_K => return Some(RowKernel::Dot(super::kquants::dot_q6_k)),
-        GgmlType::TQ2_0 => return Some(RowKernel::Dot(super::kquants::dot_tq2_0)),
-        GgmlType::TQ1_0 => return Some(RowKernel::Dot(super::ternary::dot_tq1_0)),
-        GgmlType::Q2_0 => return Some(RowKernel::Dot(super::ternary::dot_q2_0)),
-        GgmlType::F32 => return Some(RowKernel::Dot(super::floats::dot_f32)),
-        GgmlType::F16 => return Some(RowKernel::Dot(super::floats::dot_f16)),
-        GgmlType::BF16 => return Some(RowKernel::Dot(super::floats::dot_bf16)),
-        _ => return Some(RowKernel::Dot(scalar)),
-    };
-    Some(RowKernel::Tiled(f))
-}
-
-/// The packed kernel, or the scalar dot product for a matrix that was not packed.
-fn packed_or(
-    w: &MatRef,
-    rows: Range<usize>,
-    acts: &Acts,
-    out: OutPtr,
-    packed: fn(&PackedMat, Range<usize>, &Acts, OutPtr),
-) {
-    match w.packed {
-        Some(p) => packed(p, rows, acts, out),
-        None => {
-            let dot = crate::scalar::dot::dot_fn(w.ty).expect("a type with a kernel has a reference dot");
-            RowKernel::Dot(dot).run(w, rows, acts, out)
-        }
-    }
-}
 
 /// Bytes of lookup tables (8 per activation) that the tokens sharing a pass over a unit's
 /// row groups may have: they stay in L2 while the groups go by.
@@ -71,7 +30,7 @@ pub(super) fn batch_rows(w: &MatRef) -> Option<usize> {
     (w.ty == GgmlType::Q1_0 && w.packed.is_some()).then_some(LUT_BATCH_ROWS)
 }
 
-fn q1_0_packed(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr) {
+pub(super) fn q1_0_packed(p: &PackedMat, rows: Range<usize>, acts: &Acts, out: OutPtr) {
     let nb = p.cols / 128;
     let x4 = acts.format() == ActFormat::Q8_0x4;
     let chunk = (LUT_CHUNK_BYTES / (8 * p.cols)).max(1);

@@ -13,14 +13,17 @@ mod ops;
 mod ternary;
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 use onebit_gguf::GgmlType;
 
-use crate::act::{ActFormat, quantize_row_ref};
-use crate::dispatch::Table;
+use crate::act::{ActFormat, Acts, quantize_row_ref};
+use crate::matmul::{MatRef, OutPtr, RowKernel, TiledFn};
+use crate::pack::PackedMat;
+use crate::table::Table;
 
 pub(crate) const TABLE: Table = Table {
-    row_kernel: matmul::kernel,
+    row_kernel: kernel,
     quantize_row,
     batch_format: super::q1_batch_format,
     prepare: |pool, acts, w_tys| {
@@ -44,6 +47,47 @@ pub(crate) const TABLE: Table = Table {
     gemm_nn_acc_pages: Some(attn::gemm_nn_acc_pages),
     scores_q8_0: attn_q8::scores_q8_0,
 };
+
+/// The kernel for `ty`: the packed products where the matrix is packed, else dot products.
+fn kernel(ty: GgmlType) -> Option<RowKernel> {
+    let scalar = crate::scalar::dot::dot_fn(ty)?;
+    let f: TiledFn = match ty {
+        GgmlType::Q1_0 => |w, r, a, o| packed_or(w, r, a, o, matmul::q1_0_packed),
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
+            |w, r, a, o| packed_or(w, r, a, o, legacy::packed)
+        }
+        GgmlType::Q2_K => return Some(RowKernel::Dot(kquants::dot_q2_k)),
+        GgmlType::Q3_K => return Some(RowKernel::Dot(kquants::dot_q3_k)),
+        GgmlType::Q4_K => return Some(RowKernel::Dot(kquants::dot_q4_k)),
+        GgmlType::Q5_K => return Some(RowKernel::Dot(kquants::dot_q5_k)),
+        GgmlType::Q6_K => return Some(RowKernel::Dot(kquants::dot_q6_k)),
+        GgmlType::TQ2_0 => return Some(RowKernel::Dot(kquants::dot_tq2_0)),
+        GgmlType::TQ1_0 => return Some(RowKernel::Dot(ternary::dot_tq1_0)),
+        GgmlType::Q2_0 => return Some(RowKernel::Dot(ternary::dot_q2_0)),
+        GgmlType::F32 => return Some(RowKernel::Dot(floats::dot_f32)),
+        GgmlType::F16 => return Some(RowKernel::Dot(floats::dot_f16)),
+        GgmlType::BF16 => return Some(RowKernel::Dot(floats::dot_bf16)),
+        _ => return Some(RowKernel::Dot(scalar)),
+    };
+    Some(RowKernel::Tiled(f))
+}
+
+/// The packed kernel, or the scalar dot product for a matrix that was not packed.
+fn packed_or(
+    w: &MatRef,
+    rows: Range<usize>,
+    acts: &Acts,
+    out: OutPtr,
+    packed: fn(&PackedMat, Range<usize>, &Acts, OutPtr),
+) {
+    match w.packed {
+        Some(p) => packed(p, rows, acts, out),
+        None => {
+            let dot = crate::scalar::dot::dot_fn(w.ty).expect("a type with a kernel has a reference dot");
+            RowKernel::Dot(dot).run(w, rows, acts, out)
+        }
+    }
+}
 
 /// Quantize one activation row, bit for bit as the reference does.
 fn quantize_row(format: ActFormat, x: &[f32], out: &mut [u8]) {

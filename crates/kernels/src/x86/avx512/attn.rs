@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::dispatch::Pages;
+use crate::table::Pages;
 use crate::x86::{RUN_AHEAD as AHEAD, RunChunk, RunChunks, prefetch_run as prefetch};
 
 #[inline(always)]

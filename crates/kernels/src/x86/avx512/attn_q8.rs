@@ -22,7 +22,7 @@ use std::arch::x86_64::*;
 use crate::x86::{RUN_AHEAD as AHEAD, prefetch_run as prefetch};
 
 /// Blocks a row may have.
-const MAX_BLOCKS: usize = crate::dispatch::MAX_HEAD / 32;
+const MAX_BLOCKS: usize = crate::table::MAX_HEAD / 32;
 
 /// Query rows taken against each group of keys at a time.
 const ROWS: usize = 4;

@@ -1,58 +1,20 @@
 //! AVX-512 products of quantized weights with 8-bit activations (and f16/bf16/f32 weights with
-//! f32 activations): the choice of kernel per type, packed Q1_0 through lookup tables, and the
-//! float-weight dots. The types the AMX tiles also multiply keep the tiles' float recipe (see
+//! f32 activations): packed Q1_0 through lookup tables, and the float-weight dots (the choice
+//! of kernel per type is the tier's, in `mod.rs`). The types the AMX tiles also multiply keep the tiles' float recipe (see
 //! `rows16`), so that either path gives a token the same bits; the others have one path.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use onebit_gguf::GgmlType;
-
 use crate::act::{ActFormat, Acts};
 use crate::formats::*;
-use crate::matmul::{MatRef, OutPtr, RowKernel, TiledFn};
+use crate::matmul::{MatRef, OutPtr};
 use crate::pack::{GROUP, PackedMat, Q1_GROUP_BLOCK};
 use crate::x86::{Lut, LutAhead, PlanarRow, WORD_TABLES_BLOCK, WORD_TABLES_HIGH, planar_row, with_tables};
 
 use super::q1_gemm::{block_scales, rows_from, scale_picks};
 
-/// The kernel for `ty`. `INTEL`: the Q1_0 lookup tables and the 16-row legacy kernels ask for
-/// the weights ahead as on Sapphire Rapids (the `amx` tier), for Intel CPUs without AMX, whose
-/// hardware prefetcher also stops at every 4 KiB page; else as measured on AMD Zen 4 (see
-/// [`LutAhead`] and `legacy16::Ahead`).
-pub(super) fn kernel<const INTEL: bool>(ty: GgmlType) -> Option<RowKernel> {
-    use super::rows16 as r16;
-    use GgmlType::*;
-    let f: TiledFn = match ty {
-        Q1_0 => q1_0_rows::<INTEL>,
-        Q2_0 => r16::rows::<r16::Q2_0>,
-        Q8_0 => |w, r, a, o| legacy_rows::<INTEL>(w, r, a, o, r16::rows::<r16::Q8_0>),
-        Q4_0 => |w, r, a, o| legacy_rows::<INTEL>(w, r, a, o, r16::rows::<r16::Q4_0>),
-        Q4_1 => |w, r, a, o| legacy_rows::<INTEL>(w, r, a, o, r16::rows::<r16::Q4_1>),
-        Q5_0 => |w, r, a, o| legacy_rows::<INTEL>(w, r, a, o, r16::rows::<r16::Q5_0>),
-        Q5_1 => |w, r, a, o| legacy_rows::<INTEL>(w, r, a, o, r16::rows::<r16::Q5_1>),
-        TQ2_0 => r16::rows::<r16::TQ2_0>,
-        TQ1_0 => r16::rows::<r16::TQ1_0>,
-        F32 => |w, r, a, o| byte_rows(w, r, a, o, dot_f32w),
-        F16 => |w, r, a, o| byte_rows(w, r, a, o, dot_f16w),
-        BF16 => |w, r, a, o| byte_rows(w, r, a, o, dot_bf16w),
-        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K => return super::kquants::kernel(ty),
-        _ => return None,
-    };
-    Some(RowKernel::Tiled(f))
-}
-
 pub(super) type ByteDot = unsafe fn(&[u8], &[u8], usize) -> f32;
-
-/// Q4_0/Q4_1/Q5_0/Q5_1/Q8_0: sixteen rows at a time from the packed layout, else from the rows
-/// as they are.
-fn legacy_rows<const INTEL: bool>(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr, plain: TiledFn) {
-    use super::legacy16::Ahead;
-    match w.packed {
-        Some(_) => super::legacy16::rows(w, rows, acts, out, if INTEL { Ahead::Kib8 } else { Ahead::None }),
-        None => plain(w, rows, acts, out),
-    }
-}
 
 pub(super) fn byte_rows(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr, dot: ByteDot) {
     for r in rows {
@@ -71,7 +33,7 @@ pub(super) fn d16(b: [u8; 2]) -> f32 {
 
 /// Q1_0 rows: through lookup tables when the matrix is packed, else sixteen rows at a time
 /// from the rows as they are.
-fn q1_0_rows<const INTEL: bool>(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
+pub(super) fn q1_0_rows<const INTEL: bool>(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr) {
     q1_0_rows_ahead(w, rows, acts, out, if INTEL { LutAhead::L2AndL1 } else { LutAhead::L2 })
 }
 
@@ -329,7 +291,7 @@ fn lanes(i: usize, n: usize) -> __mmask16 {
 // features enabled are present (the AVX-512 tier).
 
 #[target_feature(enable = "avx512f")]
-unsafe fn dot_f32w(w: &[u8], a: &[u8], n: usize) -> f32 {
+pub(super) unsafe fn dot_f32w(w: &[u8], a: &[u8], n: usize) -> f32 {
     let a: &[f32] = bytemuck::cast_slice(a);
     let mut acc = _mm512_setzero_ps();
     for i in (0..n).step_by(16) {
@@ -345,7 +307,7 @@ unsafe fn dot_f32w(w: &[u8], a: &[u8], n: usize) -> f32 {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-unsafe fn dot_f16w(w: &[u8], a: &[u8], n: usize) -> f32 {
+pub(super) unsafe fn dot_f16w(w: &[u8], a: &[u8], n: usize) -> f32 {
     let a: &[f32] = bytemuck::cast_slice(a);
     let mut acc = _mm512_setzero_ps();
     for i in (0..n).step_by(16) {
@@ -360,7 +322,7 @@ unsafe fn dot_f16w(w: &[u8], a: &[u8], n: usize) -> f32 {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn dot_bf16w(w: &[u8], a: &[u8], n: usize) -> f32 {
+pub(super) unsafe fn dot_bf16w(w: &[u8], a: &[u8], n: usize) -> f32 {
     let a: &[f32] = bytemuck::cast_slice(a);
     let mut acc = _mm512_setzero_ps();
     for i in (0..n).step_by(16) {

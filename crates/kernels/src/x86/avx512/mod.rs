@@ -13,12 +13,13 @@ mod rows16;
 pub(crate) use ops::transpose16;
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 use onebit_gguf::GgmlType;
 
-use crate::act::{ActFormat, quantize_row_ref};
-use crate::dispatch::Table;
-use crate::matmul::RowKernel;
+use crate::act::{ActFormat, Acts, quantize_row_ref};
+use crate::matmul::{MatRef, OutPtr, RowKernel, TiledFn};
+use crate::table::Table;
 
 pub(crate) const TABLE: Table = Table {
     row_kernel,
@@ -30,7 +31,7 @@ pub(crate) const TABLE: Table = Table {
         super::prepare_planar(pool, acts, if lut { super::Lut::Words } else { super::Lut::None }, 0)
     },
     pack: crate::pack::Packer::for_type,
-    batch_rows: crate::dispatch::default_batch_rows,
+    batch_rows: crate::table::default_batch_rows,
     shrinking: (2, 32),
     rms_norm: ops::rms_norm,
     softmax: ops::softmax,
@@ -48,7 +49,7 @@ pub(crate) const TABLE: Table = Table {
 };
 
 /// [`TABLE`] for Intel CPUs (AVX-512 without AMX): the same kernels, asking for the weights
-/// they stream as Sapphire Rapids wants (see `matmul::kernel`), and one token's products in
+/// they stream as Sapphire Rapids wants (see [`kernel`]), and one token's products in
 /// shrinking pieces as there (see `dispatch::shrinking_unit`).
 pub(crate) const TABLE_INTEL: Table = Table { row_kernel: row_kernel_for::<true>, shrinking: (1, 32), ..TABLE };
 
@@ -57,9 +58,45 @@ pub(crate) fn row_kernel(ty: GgmlType) -> Option<RowKernel> {
     row_kernel_for::<false>(ty)
 }
 
-/// `INTEL`: see `matmul::kernel`.
+/// `INTEL`: see [`kernel`].
 fn row_kernel_for<const INTEL: bool>(ty: GgmlType) -> Option<RowKernel> {
-    matmul::kernel::<INTEL>(ty).or_else(|| crate::scalar::dot::dot_fn(ty).map(RowKernel::Dot))
+    kernel::<INTEL>(ty).or_else(|| crate::scalar::dot::dot_fn(ty).map(RowKernel::Dot))
+}
+
+/// The kernel for `ty`. `INTEL`: the Q1_0 lookup tables and the 16-row legacy kernels ask for
+/// the weights ahead as on Sapphire Rapids (the `amx` tier), for Intel CPUs without AMX, whose
+/// hardware prefetcher also stops at every 4 KiB page; else as measured on AMD Zen 4 (see
+/// [`LutAhead`] and `legacy16::Ahead`).
+fn kernel<const INTEL: bool>(ty: GgmlType) -> Option<RowKernel> {
+    use GgmlType::*;
+    use rows16 as r16;
+    let f: TiledFn = match ty {
+        Q1_0 => matmul::q1_0_rows::<INTEL>,
+        Q2_0 => r16::rows::<r16::Q2_0>,
+        Q8_0 => |w, r, a, o| legacy_rows::<INTEL>(w, r, a, o, r16::rows::<r16::Q8_0>),
+        Q4_0 => |w, r, a, o| legacy_rows::<INTEL>(w, r, a, o, r16::rows::<r16::Q4_0>),
+        Q4_1 => |w, r, a, o| legacy_rows::<INTEL>(w, r, a, o, r16::rows::<r16::Q4_1>),
+        Q5_0 => |w, r, a, o| legacy_rows::<INTEL>(w, r, a, o, r16::rows::<r16::Q5_0>),
+        Q5_1 => |w, r, a, o| legacy_rows::<INTEL>(w, r, a, o, r16::rows::<r16::Q5_1>),
+        TQ2_0 => r16::rows::<r16::TQ2_0>,
+        TQ1_0 => r16::rows::<r16::TQ1_0>,
+        F32 => |w, r, a, o| matmul::byte_rows(w, r, a, o, matmul::dot_f32w),
+        F16 => |w, r, a, o| matmul::byte_rows(w, r, a, o, matmul::dot_f16w),
+        BF16 => |w, r, a, o| matmul::byte_rows(w, r, a, o, matmul::dot_bf16w),
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K => return kquants::kernel(ty),
+        _ => return None,
+    };
+    Some(RowKernel::Tiled(f))
+}
+
+/// Q4_0/Q4_1/Q5_0/Q5_1/Q8_0: sixteen rows at a time from the packed layout, else from the rows
+/// as they are.
+fn legacy_rows<const INTEL: bool>(w: &MatRef, rows: Range<usize>, acts: &Acts, out: OutPtr, plain: TiledFn) {
+    use legacy16::Ahead;
+    match w.packed {
+        Some(_) => legacy16::rows(w, rows, acts, out, if INTEL { Ahead::Kib8 } else { Ahead::None }),
+        None => plain(w, rows, acts, out),
+    }
 }
 
 /// Quantize one activation row, bit for bit as the reference does.
