@@ -6,9 +6,7 @@
 
 use super::kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K, scale_min_k4};
 use super::lanes::make_qkx2_quants_lanes;
-use super::{half, nearest_int, signed_absmax, to_half};
-
-const GROUP_MAX_EPS: f32 = 1e-15;
+use super::{GROUP_MAX_EPS, half, nearest_int, signed_absmax, to_half};
 
 /// Symmetric fit for Q3_K sub-blocks, refined by coordinate descent; L is stored plus `nmax`.
 fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {

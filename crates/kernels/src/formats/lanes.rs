@@ -7,11 +7,9 @@
 //! of every array is sub-block `b`, each lane does exactly the scalar operations in the scalar
 //! order, and the loops over lanes vectorise. Results are bit-identical to one-at-a-time.
 
-use super::nearest_int;
+use super::{GROUP_MAX_EPS, nearest_int};
 
 const LANES: usize = 16;
-const GROUP_MAX_EPS: f32 = 1e-15;
-
 /// ggml's `make_qx_quants(16, nmax, x, L, 1, w)` for the sixteen 16-weight sub-blocks of `x`
 /// at once: levels `-nmax..nmax` stored plus `nmax` in `l_out`, the scales returned. `w` holds
 /// each weight's importance (x² where ggml passes no weights).

@@ -53,6 +53,9 @@ pub(crate) fn to_half(x: f32) -> [u8; 2] {
     f32_to_f16(x).to_le_bytes()
 }
 
+/// ggml's `GROUP_MAX_EPS`: a group whose largest magnitude is below it is quantized as zeros.
+pub(crate) const GROUP_MAX_EPS: f32 = 1e-15;
+
 /// The value of largest magnitude (the first one, on ties), with its sign; 0 for none (ggml's
 /// `if (ax > amax) { amax = ax; max = v; }`, so a NaN never wins).
 pub(crate) fn signed_absmax(xs: &[f32]) -> f32 {

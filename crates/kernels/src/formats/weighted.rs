@@ -15,10 +15,8 @@ use super::kquants_quantize::{
 };
 use super::lanes::make_qx_quants_x16;
 use super::legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, pack_q5};
-use super::{blocks_mut, nearest_int, signed_absmax, to_half};
+use super::{GROUP_MAX_EPS, blocks_mut, nearest_int, signed_absmax, to_half};
 use crate::KernelError;
-
-const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// One row of `ty` from `x` with column importances `w` (same length as `x`).
 pub(super) fn quantize_row(ty: GgmlType, x: &[f32], y: &mut [u8], w: &[f32]) -> Result<(), KernelError> {

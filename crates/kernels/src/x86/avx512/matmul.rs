@@ -1,7 +1,8 @@
 //! AVX-512 products of quantized weights with 8-bit activations (and f16/bf16/f32 weights with
 //! f32 activations): packed Q1_0 through lookup tables, and the float-weight dots (the choice
-//! of kernel per type is the tier's, in `mod.rs`). The types the AMX tiles also multiply keep the tiles' float recipe (see
-//! `rows16`), so that either path gives a token the same bits; the others have one path.
+//! of kernel per type is the tier's, in `mod.rs`). The types the AMX tiles also multiply keep
+//! the tiles' float recipe (see `rows16`), so that either path gives a token the same bits; the
+//! others have one path.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
